@@ -1,0 +1,131 @@
+"""Actor and reference-policy config (`actor_rollout_ref.actor`, `actor_rollout_ref.ref`).
+
+Batch sizes follow upstream verl: `ppo_mini_batch_size` counts *prompts* (the worker multiplies it
+by `rollout.n` and divides by the data-parallel size); `*_micro_batch_size_per_gpu` counts
+*sequences* per worker; `use_dynamic_bsz` replaces the micro-batch size by a per-worker token
+budget `ppo_max_token_len_per_gpu`. See docs/batch_sizes.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verl.base_config import BaseConfig, check_choice, check_range
+from verl.workers.config.engine import FSDPEngineConfig
+from verl.workers.config.optimizer import OptimizerConfig
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean")
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+", "full")
+
+
+@dataclass
+class PolicyLossConfig(BaseConfig):
+    """Knobs of the policy-loss functions (`actor.policy_loss`).
+
+    `loss_mode` selects a function from `core_algos.POLICY_LOSS_REGISTRY` (validated by the
+    trainer after user modules are imported, so user-registered names are accepted).
+    """
+
+    loss_mode: str = "vanilla"
+    # clip_cov: clip the gradient of a random subset of high-covariance tokens
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    # kl_cov: apply a KL penalty on the top-covariance tokens
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    # sapo: soft gate temperature for positive / negative advantages
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    # reinforce / pg: multiply by the stop-gradient ratio (off-policy correction)
+    pg_use_ratio: bool = False
+
+    def __post_init__(self):
+        check_range("actor.policy_loss", "tau_pos", self.tau_pos, low=0.0, low_open=True)
+        check_range("actor.policy_loss", "tau_neg", self.tau_neg, low=0.0, low_open=True)
+        check_range("actor.policy_loss", "clip_cov_ratio", self.clip_cov_ratio, low=0.0, high=1.0)
+        check_range("actor.policy_loss", "kl_cov_ratio", self.kl_cov_ratio, low=0.0, high=1.0)
+
+
+@dataclass
+class ActorConfig(BaseConfig):
+    """The policy being trained. Loss = policy loss - entropy_coeff * entropy + kl_loss_coef * KL."""
+
+    strategy: str = "fsdp"
+    ppo_mini_batch_size: int = 256
+    ppo_micro_batch_size_per_gpu: int | None = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    data_loader_seed: int = 1
+    # PPO clip: ratio in [1 - clip_ratio_low, 1 + clip_ratio_high]; dual clip at clip_ratio_c (> 1)
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None  # null = clip_ratio
+    clip_ratio_high: float | None = None  # null = clip_ratio
+    clip_ratio_c: float = 3.0
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    loss_agg_mode: str = "token-mean"
+    # constant divisor of seq-mean-token-sum-norm; null = rollout.response_length
+    loss_scale_factor: float | None = None
+    entropy_coeff: float = 0.0
+    entropy_from_logits_with_chunking: bool = False
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    grad_clip: float = 1.0
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
+    checkpoint: dict = field(default_factory=lambda: {"save_contents": ["model", "optimizer", "extra"]})
+    use_torch_compile: bool = False
+    # ignored in this implementation (upstream Ulysses); must stay 1
+    ulysses_sequence_parallel_size: int = 1
+
+    def __post_init__(self):
+        owner = "actor_rollout_ref.actor"
+        check_choice(owner, "strategy", self.strategy, ("fsdp", "fsdp2"))
+        check_choice(owner, "loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        check_choice(owner, "kl_loss_type", self.kl_loss_type, KL_TYPES)
+        check_range(owner, "ppo_mini_batch_size", self.ppo_mini_batch_size, low=1)
+        check_range(owner, "ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, low=1, allow_none=True)
+        check_range(owner, "ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu, low=1)
+        check_range(owner, "ppo_epochs", self.ppo_epochs, low=1)
+        check_range(owner, "clip_ratio", self.clip_ratio, low=0.0, low_open=True)
+        if self.clip_ratio_low is None:
+            self.clip_ratio_low = self.clip_ratio
+        if self.clip_ratio_high is None:
+            self.clip_ratio_high = self.clip_ratio
+        check_range(owner, "clip_ratio_low", self.clip_ratio_low, low=0.0, high=1.0)
+        check_range(owner, "clip_ratio_high", self.clip_ratio_high, low=0.0)
+        if not self.clip_ratio_c > 1.0:
+            raise ValueError(f"{owner}.clip_ratio_c={self.clip_ratio_c} must be > 1 (dual-clip lower bound)")
+        check_range(owner, "loss_scale_factor", self.loss_scale_factor, low=0.0, low_open=True, allow_none=True)
+        check_range(owner, "entropy_coeff", self.entropy_coeff, low=0.0)
+        check_range(owner, "kl_loss_coef", self.kl_loss_coef, low=0.0)
+        if self.ulysses_sequence_parallel_size != 1:
+            raise ValueError(
+                f"{owner}.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size}: "
+                "sequence parallelism is not implemented; use 1"
+            )
+
+
+# Upstream name of the FSDP flavour of the actor config.
+FSDPActorConfig = ActorConfig
+
+
+@dataclass
+class RefConfig(BaseConfig):
+    """The frozen reference policy used for KL (in reward or in loss)."""
+
+    strategy: str = "fsdp"
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
+    ulysses_sequence_parallel_size: int = 1
+
+    def __post_init__(self):
+        owner = "actor_rollout_ref.ref"
+        check_choice(owner, "strategy", self.strategy, ("fsdp", "fsdp2"))
+        check_range(owner, "log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu, low=1, allow_none=True)
+        check_range(owner, "log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu, low=1)

@@ -1,0 +1,57 @@
+"""FSDP2 engine config (`*.fsdp_config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verl.base_config import BaseConfig, check_choice
+
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class MixedPrecisionConfig(BaseConfig):
+    """dtype of parameters in compute, of gradient reduction, and of buffers.
+
+    `param_dtype: null` means: bf16 on CUDA, fp32 on CPU (see `FSDPEngineConfig.cpu_autocast_bf16`).
+    """
+
+    param_dtype: str | None = None
+    reduce_dtype: str = "fp32"
+    buffer_dtype: str = "fp32"
+
+    def __post_init__(self):
+        if self.param_dtype is not None:
+            check_choice("fsdp_config.mixed_precision", "param_dtype", self.param_dtype, DTYPES)
+        check_choice("fsdp_config.mixed_precision", "reduce_dtype", self.reduce_dtype, DTYPES)
+        check_choice("fsdp_config.mixed_precision", "buffer_dtype", self.buffer_dtype, DTYPES)
+
+
+@dataclass
+class FSDPEngineConfig(BaseConfig):
+    """How a model is sharded and placed.
+
+    - `fsdp_size`: shard group size; -1 = the whole worker group (pure FSDP). Smaller values give
+      HSDP (replicate across shard groups).
+    - `param_offload` / `optimizer_offload`: keep parameters / optimizer state on CPU between
+      phases (useful on GPU; no-op on CPU).
+    - `reshard_after_forward`: free gathered parameters after forward (saves memory, costs an
+      extra all-gather in backward).
+    - `model_dtype`: dtype of the master weights (fp32 for training, bf16 is fine for a frozen ref).
+    - `cpu_autocast_bf16`: on CPU, run forward/backward under bf16 autocast (fast on AMX CPUs;
+      the rollout/learner log-prob mismatch is reported in metrics).
+    """
+
+    fsdp_size: int = -1
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    reshard_after_forward: bool = True
+    model_dtype: str = "fp32"
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    cpu_autocast_bf16: bool = False
+    wrap_policy: dict = field(default_factory=dict)  # {"min_num_params": N}; default: wrap each decoder layer
+
+    def __post_init__(self):
+        check_choice("fsdp_config", "model_dtype", self.model_dtype, DTYPES)
+        if self.fsdp_size == 0 or self.fsdp_size < -1:
+            raise ValueError(f"fsdp_config.fsdp_size={self.fsdp_size} must be -1 (all workers) or a positive int")

@@ -1,0 +1,80 @@
+"""Rollout (generation) config (`actor_rollout_ref.rollout`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.base_config import BaseConfig, check_choice, check_range
+
+
+@dataclass
+class SamplingConfig(BaseConfig):
+    """Sampling used for validation (`rollout.val_kwargs`). `do_sample=False` is greedy."""
+
+    do_sample: bool = False
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    n: int = 1
+
+    def __post_init__(self):
+        owner = "actor_rollout_ref.rollout.val_kwargs"
+        check_range(owner, "n", self.n, low=1)
+        check_range(owner, "top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_range(owner, "temperature", self.temperature, low=0.0)
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError(f"{owner}.temperature={self.temperature} must be > 0 when do_sample=True")
+
+
+@dataclass
+class RolloutConfig(BaseConfig):
+    """How responses are generated. `name` selects a rollout engine from the rollout registry
+    (`hf`: Hugging Face generate on the actor's own weights, CPU and GPU; `vllm`: GPU only).
+
+    `n` responses are sampled per prompt. `prompt_length` / `response_length` default to
+    `data.max_prompt_length` / `data.max_response_length` (interpolated in the yaml).
+    `calculate_log_probs` makes the engine return `rollout_log_probs` (needed by rollout
+    correction, IcePop/KPop masking and the mismatch metrics).
+    """
+
+    name: str = "hf"
+    mode: str = "sync"
+    n: int = 1
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    prompt_length: int = 512
+    response_length: int = 512
+    dtype: str = "bfloat16"  # vllm only; hf uses the actor's compute dtype
+    ignore_eos: bool = False
+    calculate_log_probs: bool = True
+    # hf engine: sequences generated per forward batch (bounds memory); null = all at once
+    micro_batch_size: int | None = None
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    # vllm only
+    gpu_memory_utilization: float = 0.5
+    tensor_model_parallel_size: int = 1
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    enforce_eager: bool = True
+    free_cache_engine: bool = True
+    enable_chunked_prefill: bool = True
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def __post_init__(self):
+        owner = "actor_rollout_ref.rollout"
+        check_choice(owner, "mode", self.mode, ("sync",))
+        check_range(owner, "n", self.n, low=1)
+        check_range(owner, "temperature", self.temperature, low=0.0)
+        check_range(owner, "top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_range(owner, "prompt_length", self.prompt_length, low=1)
+        check_range(owner, "response_length", self.response_length, low=1)
+        check_range(owner, "micro_batch_size", self.micro_batch_size, low=1, allow_none=True)
+        check_range(owner, "gpu_memory_utilization", self.gpu_memory_utilization, low=0.0, high=1.0, low_open=True)
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError(f"{owner}.temperature={self.temperature} must be > 0 when do_sample=True")
