@@ -7,5 +7,18 @@ from verl.trainer.config.algorithm import (
     NormConfig,
     RolloutCorrectionConfig,
 )
+from verl.trainer.config.data import CustomClassConfig, DataConfig
+from verl.trainer.config.trainer import CustomRewardFunctionConfig, RayKwargsConfig, TrainerConfig
 
-__all__ = ["AlgoConfig", "FilterGroupsConfig", "KLControlConfig", "NormConfig", "RolloutCorrectionConfig"]
+__all__ = [
+    "AlgoConfig",
+    "FilterGroupsConfig",
+    "KLControlConfig",
+    "NormConfig",
+    "RolloutCorrectionConfig",
+    "CustomClassConfig",
+    "DataConfig",
+    "CustomRewardFunctionConfig",
+    "RayKwargsConfig",
+    "TrainerConfig",
+]

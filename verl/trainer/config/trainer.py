@@ -1,0 +1,109 @@
+"""Trainer-level config: `trainer.*`, `custom_reward_function.*` and `ray_kwargs.*`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.base_config import BaseConfig, check_choice, check_range
+
+LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
+RESUME_MODES = ("auto", "disable", "resume_path")
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@dataclass
+class TrainerConfig(BaseConfig):
+    """The training run: devices, length, logging, validation, checkpoints.
+
+    - `device`: `auto` picks cuda when a GPU is visible, else cpu (gloo).
+    - `n_gpus_per_node`: worker processes per node. On CPU each one is a CPU worker with
+      `cpus_per_worker` Ray CPUs (null: the node's CPUs shared out) and
+      `torch_threads_per_worker` torch threads (null: its CPU share rounded, at least 1).
+    - `total_training_steps`: null means `total_epochs` passes over the training data.
+    - `test_freq` / `save_freq`: every that many steps (and at the last step); <= 0 disables.
+    - `resume_mode`: `auto` continues from the newest complete checkpoint in
+      `default_local_dir` if there is one; `disable` starts fresh; `resume_path` loads
+      `resume_from_path` (a `global_step_N` directory).
+    - `external_modules`: module paths or .py files imported in the driver and in every worker
+      before anything is built (custom losses, estimators, reward managers register there).
+    """
+
+    device: str = "auto"
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    cpus_per_worker: float | None = None
+    torch_threads_per_worker: int | None = None
+    total_epochs: int = 1
+    total_training_steps: int | None = None
+    project_name: str = "verl"
+    experiment_name: str = "default"
+    logger: list[str] = field(default_factory=lambda: ["console", "file"])
+    log_val_generations: int = 0
+    rollout_data_dir: str | None = None
+    validation_data_dir: str | None = None
+    balance_batch: bool = False
+    save_freq: int = -1
+    test_freq: int = -1
+    val_before_train: bool = True
+    val_only: bool = False
+    critic_warmup: int = 0
+    resume_mode: str = "auto"
+    resume_from_path: str | None = None
+    default_local_dir: str = "checkpoints/verl/default"
+    max_actor_ckpt_to_keep: int | None = None
+    max_critic_ckpt_to_keep: int | None = None
+    external_modules: list[str] = field(default_factory=list)
+    plot: bool = True
+    seed: int = 1
+
+    def __post_init__(self):
+        owner = "trainer"
+        check_choice(owner, "device", self.device, DEVICES)
+        check_choice(owner, "resume_mode", self.resume_mode, RESUME_MODES)
+        check_range(owner, "nnodes", self.nnodes, low=1)
+        check_range(owner, "n_gpus_per_node", self.n_gpus_per_node, low=1)
+        check_range(owner, "cpus_per_worker", self.cpus_per_worker, low=0.0, low_open=True, allow_none=True)
+        check_range(owner, "torch_threads_per_worker", self.torch_threads_per_worker, low=1, allow_none=True)
+        check_range(owner, "total_epochs", self.total_epochs, low=1)
+        check_range(owner, "total_training_steps", self.total_training_steps, low=1, allow_none=True)
+        check_range(owner, "critic_warmup", self.critic_warmup, low=0)
+        check_range(owner, "log_val_generations", self.log_val_generations, low=0)
+        check_range(owner, "max_actor_ckpt_to_keep", self.max_actor_ckpt_to_keep, low=1, allow_none=True)
+        check_range(owner, "max_critic_ckpt_to_keep", self.max_critic_ckpt_to_keep, low=1, allow_none=True)
+        if isinstance(self.logger, str):  # `trainer.logger=console` on the command line
+            self.logger = [self.logger]
+        self.logger = list(self.logger)
+        for name in self.logger:
+            check_choice(owner, "logger[]", name, LOGGERS)
+        if isinstance(self.external_modules, str):
+            self.external_modules = [self.external_modules]
+        self.external_modules = list(self.external_modules or [])
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)")
+
+
+@dataclass
+class CustomRewardFunctionConfig(BaseConfig):
+    """A user scoring function `fn(data_source, solution_str, ground_truth, extra_info=None, **kw)`
+    returning a float or a dict with a `score` entry (other entries are logged).
+
+    `path`: a .py file or an importable module path; null uses the shipped
+    `default_compute_score`. `reward_kwargs` are passed to every call.
+    """
+
+    path: str | None = None
+    name: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RayKwargsConfig(BaseConfig):
+    """`ray_kwargs.ray_init`: keyword arguments of `ray.init` (e.g. `num_cpus`, `address`).
+
+    With no `address` (and no RAY_ADDRESS in the environment) a private single-machine Ray is
+    started on loopback; with one, the driver joins that cluster.
+    """
+
+    ray_init: dict[str, Any] = field(default_factory=dict)
+    timeline_json_file: str | None = None

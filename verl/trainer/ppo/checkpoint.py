@@ -1,0 +1,147 @@
+"""Trainer-level checkpoints: atomic step directories, the tracker file, discovery and pruning.
+
+Layout under `trainer.default_local_dir`::
+
+    latest_checkpointed_iteration.txt    "N": the newest complete checkpoint (written last)
+    global_step_N/
+        actor/                           the actor worker group's files (model, optimizer, scheduler, RNG)
+        critic/                          the critic's, when there is one
+        data.pt                          dataloader state (position in the epoch, sampler state)
+        trainer_state.pt                 step counter, driver RNG states, KL controller, hook state
+
+Atomicity: everything is written into a hidden sibling `.tmp_global_step_N_<pid>` first; only when
+all writers returned is it renamed to `global_step_N` (a rename within one directory is atomic),
+and only then is the tracker file replaced (also atomically). A crash at any point leaves either
+the previous checkpoint as the newest one, or the new one complete; half-written directories are
+hidden, ignored by discovery and removed at the next start. (Workers on other nodes must see the
+same directory: multi-node runs need a shared file system for checkpoints.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from typing import Callable
+
+from verl.utils.fs import atomic_write_text, fsync_dir
+
+logger = logging.getLogger(__name__)
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
+TMP_PREFIX = ".tmp_global_step_"
+TRAINER_STATE_FILE = "trainer_state.pt"
+
+
+def get_checkpoint_tracker_filename(root_path: str) -> str:
+    """Path of the tracker file of a checkpoint root (upstream name)."""
+    return os.path.join(root_path, TRACKER_FILE)
+
+
+def step_dir(root_path: str, step: int) -> str:
+    return os.path.join(root_path, f"global_step_{step}")
+
+
+def list_checkpoints(root_path: str) -> list[tuple[int, str]]:
+    """Complete checkpoint directories (step, path), oldest first."""
+    if not os.path.isdir(root_path):
+        return []
+    out = []
+    for name in os.listdir(root_path):
+        m = STEP_DIR_RE.match(name)
+        path = os.path.join(root_path, name)
+        if m and os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
+            out.append((int(m.group(1)), path))
+    return sorted(out)
+
+
+def find_latest_ckpt_path(root_path: str) -> str | None:
+    """The newest complete checkpoint: the one the tracker names, else the highest complete
+    `global_step_N` (tracker lost); None when there is none."""
+    tracker = get_checkpoint_tracker_filename(root_path)
+    if os.path.isfile(tracker):
+        text = open(tracker, encoding="utf-8").read().strip()
+        if not text.isdigit():
+            raise ValueError(f"checkpoint tracker {tracker} holds {text!r}; expected a step number")
+        path = step_dir(root_path, int(text))
+        if os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
+            return path
+        logger.warning("checkpoint tracker %s names %s, which is missing or incomplete; looking for others", tracker, path)
+    ckpts = list_checkpoints(root_path)
+    return ckpts[-1][1] if ckpts else None
+
+
+def step_of(path: str) -> int:
+    m = STEP_DIR_RE.match(os.path.basename(os.path.normpath(path)))
+    if not m:
+        raise ValueError(f"{path!r} is not a checkpoint directory (expected a name like global_step_N)")
+    return int(m.group(1))
+
+
+def remove_stale_tmp_dirs(root_path: str) -> list[str]:
+    """Delete half-written checkpoint directories left by a crash; returns what was removed."""
+    removed = []
+    if os.path.isdir(root_path):
+        for name in os.listdir(root_path):
+            if name.startswith(TMP_PREFIX):
+                path = os.path.join(root_path, name)
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def save_checkpoint_atomically(root_path: str, step: int, write_fn: Callable[[str], None]) -> str:
+    """Call `write_fn(tmp_dir)` to write all parts of the checkpoint of `step`, then publish it.
+
+    `write_fn` must write `trainer_state.pt` (the marker of a complete checkpoint) among its
+    files. Returns the final `global_step_N` path.
+    """
+    os.makedirs(root_path, exist_ok=True)
+    tmp = os.path.join(root_path, f"{TMP_PREFIX}{step}_{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        write_fn(tmp)
+        if not os.path.isfile(os.path.join(tmp, TRAINER_STATE_FILE)):
+            raise RuntimeError(f"checkpoint writer produced no {TRAINER_STATE_FILE} in {tmp}")
+        final = step_dir(root_path, step)
+        if os.path.exists(final):
+            # the same step saved again (e.g. a run restarted from an older checkpoint): the old
+            # copy is moved aside first so the rename below stays a single atomic step
+            old = os.path.join(root_path, f"{TMP_PREFIX}{step}_replaced_{os.getpid()}")
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, final)
+        fsync_dir(root_path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_text(get_checkpoint_tracker_filename(root_path), str(step))
+    return final
+
+
+def prune_checkpoints(root_path: str, max_actor_ckpt_to_keep: int | None, max_critic_ckpt_to_keep: int | None,
+                      roles: tuple[str, ...] = ("actor", "critic")) -> list[str]:
+    """Keep the newest `max_actor_ckpt_to_keep` actor parts and `max_critic_ckpt_to_keep` critic
+    parts (None = keep all); a step directory whose model parts are all gone is removed entirely.
+    The newest checkpoint is never touched. Returns the removed paths."""
+    limits = {"actor": max_actor_ckpt_to_keep, "critic": max_critic_ckpt_to_keep}
+    ckpts = list_checkpoints(root_path)
+    removed = []
+    for role in roles:
+        limit = limits.get(role)
+        if limit is None:
+            continue
+        limit = max(int(limit), 1)
+        for _, path in ckpts[:-limit]:
+            part = os.path.join(path, role)
+            if os.path.isdir(part):
+                shutil.rmtree(part)
+                removed.append(part)
+    for _, path in ckpts[:-1]:
+        if not any(os.path.isdir(os.path.join(path, r)) for r in roles):
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed

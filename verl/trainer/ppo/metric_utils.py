@@ -1,0 +1,190 @@
+"""Metrics of a PPO step and of validation, under upstream verl's names.
+
+All functions read CPU tensors of a `DataProto` on the driver:
+
+- `responses` [B, R], `response_mask` [B, R] (1 on generated tokens that count),
+  `attention_mask` [B, P+R];
+- `token_level_scores` / `token_level_rewards` [B, R] (score on the last valid token; rewards
+  may include the KL penalty), `advantages` / `returns` [B, R], `values` [B, R] with a critic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+TIMED_PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+
+
+def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
+    """mean/max/min of a flat tensor; an empty tensor gives nan (visible, not a fake 0)."""
+    x = x.detach().float().flatten()
+    if x.numel() == 0:
+        nan = float("nan")
+        return {f"{prefix}/mean": nan, f"{prefix}/max": nan, f"{prefix}/min": nan}
+    return {f"{prefix}/mean": x.mean().item(), f"{prefix}/max": x.max().item(), f"{prefix}/min": x.min().item()}
+
+
+def compute_data_metrics(batch, use_critic: bool = True, max_response_length: int | None = None,
+                         max_prompt_length: int | None = None) -> dict[str, float]:
+    """Score, reward, advantage, return, value and length statistics of a training batch.
+
+    `max_response_length` / `max_prompt_length` are the configured limits used for the clip
+    ratios (share of responses that hit the limit); default: the padded width of the tensors.
+    """
+    b = batch.batch
+    responses = b["responses"]
+    resp_width = responses.shape[-1]
+    mask = b["response_mask"].bool() if "response_mask" in b.keys() else b["attention_mask"][:, -resp_width:].bool()
+    resp_len = mask.sum(-1).float()
+    prompt_len = b["attention_mask"][:, :-resp_width].sum(-1).float()
+    max_resp = max_response_length or resp_width
+    max_prompt = max_prompt_length or b["attention_mask"].shape[-1] - resp_width
+
+    metrics: dict[str, float] = {}
+    metrics.update(_stats("critic/score", b["token_level_scores"].sum(-1)))
+    metrics.update(_stats("critic/rewards", b["token_level_rewards"].sum(-1)))
+    if "advantages" in b.keys():
+        metrics.update(_stats("critic/advantages", b["advantages"][mask]))
+    if "returns" in b.keys():
+        metrics.update(_stats("critic/returns", b["returns"][mask]))
+    if use_critic and "values" in b.keys():
+        values = b["values"][mask]
+        metrics.update(_stats("critic/values", values))
+        returns = b["returns"][mask]
+        var_r = returns.var(unbiased=False) if returns.numel() else torch.tensor(float("nan"))
+        var_diff = (returns - values).var(unbiased=False) if returns.numel() else torch.tensor(float("nan"))
+        metrics["critic/vf_explained_var"] = (1.0 - var_diff / (var_r + 1e-5)).item()
+    metrics.update(_stats("response_length", resp_len))
+    metrics["response_length/clip_ratio"] = (resp_len >= max_resp).float().mean().item()
+    metrics.update(_stats("prompt_length", prompt_len))
+    metrics["prompt_length/clip_ratio"] = (prompt_len >= max_prompt).float().mean().item()
+    return metrics
+
+
+def compute_timing_metrics(batch, timing_raw: dict[str, float]) -> dict[str, float]:
+    """`timing_s/{phase}` for every timed phase and `timing_per_token_ms/{phase}`.
+
+    Per-token times divide by the tokens the phase processed: generation by response tokens,
+    the forward/backward phases by prompt + response tokens.
+    """
+    b = batch.batch
+    resp_width = b["responses"].shape[-1]
+    n_resp = int(b["response_mask"].sum().item() if "response_mask" in b.keys() else b["attention_mask"][:, -resp_width:].sum().item())
+    n_all = int(b["attention_mask"].sum().item())
+    tokens = {"gen": n_resp, **{k: n_all for k in ("ref", "old_log_prob", "values", "adv", "update_critic", "update_actor", "reward")}}
+    metrics = {f"timing_s/{k}": float(v) for k, v in timing_raw.items()}
+    for k, v in timing_raw.items():
+        if k in tokens and tokens[k] > 0:
+            metrics[f"timing_per_token_ms/{k}"] = 1000.0 * float(v) / tokens[k]
+    return metrics
+
+
+def compute_throughout_metrics(batch, timing_raw: dict[str, float], n_gpus: int) -> dict[str, float]:
+    """Tokens of the step (prompt + response, valid only), time per step and tokens/s/worker.
+
+    (Upstream's spelling "throughout" is kept for compatibility.)
+    """
+    total_tokens = int(batch.batch["attention_mask"].sum().item())
+    step_time = float(timing_raw["step"])
+    return {
+        "perf/total_num_tokens": total_tokens,
+        "perf/time_per_step": step_time,
+        "perf/throughput": total_tokens / max(step_time * max(n_gpus, 1), 1e-9),
+    }
+
+
+compute_throughput_metrics = compute_throughout_metrics
+
+
+def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Mean of each list-valued metric (workers return one value per micro-batch or rank)."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, (list, tuple, np.ndarray)):
+            arr = np.asarray(v, dtype=np.float64)
+            out[k] = float(arr.mean()) if arr.size else float("nan")
+        elif isinstance(v, torch.Tensor):
+            out[k] = float(v.float().mean().item())
+        else:
+            out[k] = v
+    return out
+
+
+# ---------------------------------------------------------------------------------- validation
+def bootstrap_metric(data: Sequence[Any], subset_size: int, reduce_fns: Sequence[Callable[[np.ndarray], float]],
+                     n_bootstrap: int = 1000, seed: int = 42) -> list[tuple[float, float]]:
+    """Bootstrap estimate (mean, std) of each `reduce_fn` over random subsets of `subset_size`
+    drawn with replacement from `data` (e.g. best-of-k from n samples)."""
+    rng = np.random.default_rng(seed)
+    data = np.asarray(data, dtype=object)
+    idx = rng.integers(0, len(data), size=(n_bootstrap, subset_size))
+    out = []
+    for fn in reduce_fns:
+        vals = np.array([fn(data[row]) for row in idx], dtype=np.float64)
+        out.append((float(vals.mean()), float(vals.std())))
+    return out
+
+
+def calc_maj_val(data: Sequence[dict], vote_key: str, val_key: str) -> float:
+    """Value `val_key` of the answer that wins the majority vote on `vote_key` (first seen wins ties)."""
+    votes = Counter(d[vote_key] for d in data)
+    winner = max(votes, key=lambda k: votes[k])
+    return next(float(d[val_key]) for d in data if d[vote_key] == winner)
+
+
+def _numeric(values: list[Any]) -> bool:
+    return all(isinstance(v, (int, float, bool, np.integer, np.floating)) and not isinstance(v, str) for v in values)
+
+
+def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequence[Any],
+                               infos_dict: dict[str, list[Any]], seed: int = 42) -> dict[str, dict[str, dict[str, float]]]:
+    """Per data source, per variable, per statistic: `{ds: {var: {"mean@n": x, ...}}}`.
+
+    Samples are grouped by `sample_uids` (the n responses to one prompt). For each numeric
+    variable of `infos_dict` (e.g. `reward`, `acc`): `mean@n` and `std@n` (mean over prompts of
+    the per-prompt mean / std of its n samples), and for n > 1 `best@k/mean`, `worst@k/mean`
+    (bootstrap over k of the n samples, k = 2, 4, ..., n) and, when `infos_dict` has a `pred`
+    column, `maj@k/mean` (the variable of the majority-voted prediction).
+    """
+    n_total = len(data_sources)
+    for k, v in infos_dict.items():
+        if len(v) != n_total:
+            raise ValueError(f"validation info {k!r} has {len(v)} values for {n_total} samples")
+    groups: dict[str, dict[Any, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for i, (ds, uid) in enumerate(zip(data_sources, sample_uids)):
+        groups[ds][uid].append(i)
+
+    result: dict[str, dict[str, dict[str, float]]] = {}
+    for ds, by_uid in groups.items():
+        result[ds] = {}
+        for var, values in infos_dict.items():
+            if var == "pred" or not _numeric(values):
+                continue
+            per_prompt: dict[str, list[float]] = defaultdict(list)
+            for uid, rows in by_uid.items():
+                vals = np.array([float(values[i]) for i in rows], dtype=np.float64)
+                n = len(vals)
+                per_prompt[f"mean@{n}"].append(vals.mean())
+                per_prompt[f"std@{n}"].append(vals.std() if n > 1 else 0.0)
+                if n > 1:
+                    ks = sorted({2**p for p in range(1, int(math.log2(n)) + 1)} | {n})
+                    for k in ks:
+                        (best, best_std), (worst, worst_std) = bootstrap_metric(vals, k, [np.max, np.min], seed=seed)
+                        per_prompt[f"best@{k}/mean"].append(best)
+                        per_prompt[f"best@{k}/std"].append(best_std)
+                        per_prompt[f"worst@{k}/mean"].append(worst)
+                        per_prompt[f"worst@{k}/std"].append(worst_std)
+                        if "pred" in infos_dict:
+                            samples = [{"pred": infos_dict["pred"][i], "val": float(values[i])} for i in rows]
+                            [(maj, maj_std)] = bootstrap_metric(
+                                samples, k, [lambda d: calc_maj_val(d, "pred", "val")], seed=seed
+                            )
+                            per_prompt[f"maj@{k}/mean"].append(maj)
+                            per_prompt[f"maj@{k}/std"].append(maj_std)
+            result[ds][var] = {name: float(np.mean(v)) for name, v in per_prompt.items()}
+    return result

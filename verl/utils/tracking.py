@@ -1,0 +1,251 @@
+"""Experiment tracking: one `Tracking.log(metrics, step)` fans out to the configured backends.
+
+Backends (`trainer.logger`):
+
+- `console`: one compact line per step with the metrics that matter most (score, validation,
+  losses, KL, lengths, time); meant to be printed under a tqdm progress bar (`tqdm.write`).
+- `file`: every metric of every step as one JSON object per line (`{"step": N, "data": {...}}`)
+  in `metrics.jsonl` under the run's log directory (or `VERL_FILE_LOGGER_PATH`).
+- `tensorboard`: scalars under `<log_dir>/tensorboard` (or `TENSORBOARD_DIR`).
+- `wandb`, `mlflow`: when the package is installed (a clear error otherwise).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from typing import Any
+
+OPTIONAL_BACKENDS = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}
+
+# metrics shown on the console line, in this order, with short labels
+CONSOLE_KEYS = (
+    ("critic/score/mean", "score"),
+    ("val-core/", "val"),
+    ("actor/pg_loss", "pg_loss"),
+    ("actor/kl_loss", "kl_loss"),
+    ("actor/entropy", "entropy"),
+    ("actor/ppo_kl", "ppo_kl"),
+    ("actor/pg_clipfrac", "clipfrac"),
+    ("critic/vf_loss", "vf_loss"),
+    ("actor/reward_kl_penalty", "kl_pen"),
+    ("response_length/mean", "resp_len"),
+    ("reward/score_errors", "score_err"),
+    ("perf/time_per_step", "s/step"),
+)
+
+
+def check_backends_available(backends: list[str]) -> None:
+    """Raise before anything starts if a requested optional backend is not installed."""
+    for name in backends:
+        module = OPTIONAL_BACKENDS.get(name)
+        if module and importlib.util.find_spec(module) is None:
+            raise ImportError(f"trainer.logger includes {name!r} but the package {module!r} is not installed (pip install {module})")
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "item") and callable(v.item):
+        try:
+            v = v.item()
+        except (ValueError, RuntimeError):
+            return str(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no nan/inf; keep them visible as strings
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def format_console_line(step: int, data: dict[str, Any]) -> str:
+    """`step 12 | score 0.41 | val verl_toy/addition 0.50 | ...` with the CONSOLE_KEYS present."""
+    parts = [f"step {step}"]
+    for key, label in CONSOLE_KEYS:
+        if key.endswith("/"):
+            for k in sorted(data):
+                if k.startswith(key) and "/mean@" in k:
+                    name = k[len(key):]
+                    parts.append(f"{label} {name} {_fmt(data[k])}")
+        elif key in data:
+            parts.append(f"{label} {_fmt(data[key])}")
+    return " | ".join(parts)
+
+
+def _fmt(v: Any) -> str:
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+        return f"{v:.3e}"
+    return f"{v:.4g}"
+
+
+class ConsoleLogger:
+    def __init__(self, write=None):
+        if write is None:
+            from tqdm import tqdm
+
+            write = tqdm.write
+        self.write = write
+
+    def log(self, data: dict, step: int) -> None:
+        self.write(format_console_line(step, data))
+
+    def finish(self) -> None:
+        pass
+
+
+class FileLogger:
+    """Appends `{"step": N, "data": {...}}` lines; a resumed run keeps appending to the same file."""
+
+    def __init__(self, path: str):
+        self.path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._fh = open(path, "a", encoding="utf-8")
+
+    def log(self, data: dict, step: int) -> None:
+        record = {"step": step, "data": {k: _jsonable(v) for k, v in data.items()}}
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+
+    def finish(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+
+class TensorboardLogger:
+    def __init__(self, log_dir: str):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=log_dir)
+
+    def log(self, data: dict, step: int) -> None:
+        for k, v in data.items():
+            try:
+                self.writer.add_scalar(k, float(v), step)
+            except (TypeError, ValueError):
+                continue  # non-scalar entries (strings) stay in the jsonl file
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class _WandbLogger:
+    def __init__(self, project: str, experiment: str, config: dict | None):
+        import wandb
+
+        self.wandb = wandb
+        wandb.init(project=project, name=experiment, config=config)
+
+    def log(self, data: dict, step: int) -> None:
+        self.wandb.log(data, step=step)
+
+    def finish(self) -> None:
+        self.wandb.finish()
+
+
+class _MlflowLogger:
+    def __init__(self, project: str, experiment: str, config: dict | None):
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_experiment(project)
+        mlflow.start_run(run_name=experiment)
+        if config:
+            mlflow.log_params(_flatten(config))
+
+    def log(self, data: dict, step: int) -> None:
+        clean = {k.replace("@", "_at_"): float(v) for k, v in data.items() if isinstance(v, (int, float))}
+        self.mlflow.log_metrics(clean, step=step)
+
+    def finish(self) -> None:
+        self.mlflow.end_run()
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class Tracking:
+    """Upstream-compatible front: `Tracking(project_name, experiment_name, default_backend, config)`.
+
+    `log_dir` is where `file` and `tensorboard` write (default `runs/<project>/<experiment>`).
+    """
+
+    def __init__(self, project_name: str, experiment_name: str, default_backend: str | list[str] = "console",
+                 config: dict | None = None, log_dir: str | None = None, console_write=None):
+        backends = [default_backend] if isinstance(default_backend, str) else list(default_backend)
+        check_backends_available(backends)
+        self.log_dir = log_dir or os.path.join("runs", project_name, experiment_name)
+        self.loggers: dict[str, Any] = {}
+        for name in backends:
+            if name == "console":
+                self.loggers[name] = ConsoleLogger(console_write)
+            elif name == "file":
+                path = os.environ.get("VERL_FILE_LOGGER_PATH") or os.path.join(self.log_dir, "metrics.jsonl")
+                self.loggers[name] = FileLogger(path)
+            elif name == "tensorboard":
+                tb_dir = os.environ.get("TENSORBOARD_DIR") or os.path.join(self.log_dir, "tensorboard")
+                self.loggers[name] = TensorboardLogger(tb_dir)
+            elif name == "wandb":
+                self.loggers[name] = _WandbLogger(project_name, experiment_name, config)
+            elif name == "mlflow":
+                self.loggers[name] = _MlflowLogger(project_name, experiment_name, config)
+            else:
+                raise ValueError(f"trainer.logger: unknown backend {name!r}; accepted: console, file, tensorboard, wandb, mlflow")
+
+    @property
+    def file_path(self) -> str | None:
+        fl = self.loggers.get("file")
+        return fl.path if fl is not None else None
+
+    def log(self, data: dict, step: int, backend: list[str] | None = None) -> None:
+        for name, lg in self.loggers.items():
+            if backend is None or name in backend:
+                lg.log(data, step)
+
+    def finish(self) -> None:
+        for lg in self.loggers.values():
+            lg.finish()
+
+
+class ValidationGenerationsLogger:
+    """Shows a few validation samples (input, output, score) per validation run.
+
+    Console: printed as lines. File: appended to `val_generations.jsonl` in the log directory.
+    Tensorboard: a text summary. (wandb/mlflow receive the same table when active.)
+    """
+
+    def __init__(self, log_dir: str | None = None):
+        self.log_dir = log_dir
+
+    def log(self, loggers: list[str], samples: list[tuple[str, str, float]], step: int, tracking: Tracking | None = None) -> None:
+        if not samples:
+            return
+        if "console" in loggers:
+            from tqdm import tqdm
+
+            for inp, out, score in samples:
+                tqdm.write(f"[val sample step {step}] input={inp!r} output={out!r} score={score}")
+        if "file" in loggers and self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+            with open(os.path.join(self.log_dir, "val_generations.jsonl"), "a", encoding="utf-8") as fh:
+                for inp, out, score in samples:
+                    fh.write(json.dumps({"step": step, "input": inp, "output": out, "score": _jsonable(score)}) + "\n")
+        if tracking is not None and "tensorboard" in tracking.loggers:
+            text = "\n\n".join(f"**input** {i}  \n**output** {o}  \n**score** {s}" for i, o, s in samples)
+            tracking.loggers["tensorboard"].writer.add_text("val/generations", text, step)
+        if tracking is not None and "wandb" in tracking.loggers:
+            wandb = tracking.loggers["wandb"].wandb
+            table = wandb.Table(columns=["input", "output", "score"], data=[list(s) for s in samples])
+            wandb.log({"val/generations": table}, step=step)

@@ -1,0 +1,16 @@
+"""`naive`: one call of the scoring function per response, in the driver process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl.workers.reward_manager.abstract import AbstractRewardManager, ScoreItem
+from verl.workers.reward_manager.registry import register
+
+
+@register("naive")
+class NaiveRewardManager(AbstractRewardManager):
+    """Sequential scoring; the right choice for cheap rule-based scorers (string matching)."""
+
+    def score_items(self, items: list[ScoreItem]) -> list[Any]:
+        return [self.call_score_fn(item) for item in items]
