@@ -7,7 +7,7 @@ or a user class as `path/to/file.py:ClassName`. See `abstract.AbstractRewardMana
 from verl.workers.reward_manager.registry import (
     REWARD_MANAGER_REGISTRY,
     get_reward_manager_cls,
-    load_module,
+    loaded_user_files,
     load_object,
     register,
 )
@@ -27,7 +27,7 @@ __all__ = [
     "ScoreError",
     "ScoreItem",
     "get_reward_manager_cls",
-    "load_module",
+    "loaded_user_files",
     "load_object",
     "overlong_penalty",
     "register",

@@ -7,16 +7,12 @@ A user class can be registered from any module imported through `trainer.externa
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
 import sys
 from typing import Any, Callable
 
+from verl.utils.import_utils import load_extern_type
+
 REWARD_MANAGER_REGISTRY: dict[str, type] = {}
-# .py files loaded by `load_module`, in order; process pools re-load them in their children so
-# that functions defined there unpickle by reference
-LOADED_USER_FILES: list[str] = []
 
 
 def register(name: str) -> Callable[[type], type]:
@@ -48,44 +44,22 @@ def get_reward_manager_cls(name: str) -> type:
     )
 
 
-def load_module(path_or_name: str, what: str):
-    """Import a module given as a .py file path or a dotted module path.
+def loaded_user_files() -> list[str]:
+    """The .py files imported through `verl.utils.import_utils` in this process (their modules
+    are named `verl_external_*`); process pools re-import them so their functions unpickle."""
+    return [
+        m.__file__
+        for name, m in list(sys.modules.items())
+        if name.startswith("verl_external_") and getattr(m, "__file__", None)
+    ]
 
-    A file is registered in `sys.modules` under a name derived from its absolute path, so the
-    objects it defines pickle by reference (needed by process pools) and importing it twice
-    returns the same module (registries are not filled twice).
-    """
-    if path_or_name.endswith(".py") or os.sep in path_or_name:
-        path = os.path.abspath(os.path.expanduser(path_or_name))
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{what}: file {path_or_name!r} does not exist")
-        mod_name = "verl_user_" + "".join(c if c.isalnum() else "_" for c in path)
-        if mod_name in sys.modules:
-            return sys.modules[mod_name]
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[mod_name]
-            raise
-        LOADED_USER_FILES.append(path)
-        return module
+
+def load_object(spec: str, what: str) -> Any:
+    """Load `path/to/file.py:Name` or `package.module:Name`."""
+    module_path, sep, name = spec.rpartition(":")
+    if not sep or not module_path or not name:
+        raise ValueError(f"{what}={spec!r} must look like 'path/to/file.py:Name' or 'package.module:Name'")
     try:
-        return importlib.import_module(path_or_name)
-    except ImportError as exc:
-        raise ImportError(f"{what}: cannot import module {path_or_name!r}: {exc}") from exc
-
-
-def load_object(spec: str, what: str, name: str | None = None) -> Any:
-    """Load `file.py:attr` / `pkg.module:attr` (or `spec` + separate `name`)."""
-    if name is None:
-        spec, sep, name = spec.rpartition(":")
-        if not sep or not spec or not name:
-            raise ValueError(f"{what}={spec!r} must look like 'path/to/file.py:Name' or 'package.module:Name'")
-    module = load_module(spec, what)
-    if not hasattr(module, name):
-        public = sorted(k for k in vars(module) if not k.startswith("_"))
-        raise AttributeError(f"{what}: {spec!r} defines no {name!r}; it defines {public}")
-    return getattr(module, name)
+        return load_extern_type(module_path, name)
+    except (ImportError, FileNotFoundError, AttributeError) as exc:
+        raise type(exc)(f"{what}={spec!r}: {exc}") from exc
