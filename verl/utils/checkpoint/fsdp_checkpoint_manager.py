@@ -1,0 +1,193 @@
+"""Checkpoints of an FSDP2 (or single-process) model, its optimizer, scheduler and RNG.
+
+Directory written by `FSDPCheckpointManager.save_checkpoint(local_path, ...)`:
+
+    local_path/
+      huggingface/                      full weights as a Hugging Face model directory
+        config.json, model.safetensors, generation_config.json?, tokenizer files
+      optim.pt                          full optimizer state keyed by parameter name
+      extra_state_world_size_<W>_rank_<r>.pt   lr scheduler state and every RNG state of rank r
+      checkpoint_meta.json              global_step, world_size, contents
+
+Weights and optimizer state are full (gathered), so a checkpoint resumes on any world size; the
+RNG streams resume exactly when the world size is the same (otherwise they are left as they are
+and a warning says so). `huggingface/` loads directly with `from_pretrained` (e.g. as
+`actor_rollout_ref.model.path` of a new run). The directory appears atomically (written under
+`<local_path>.incomplete`, renamed when every rank is done).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import warnings
+
+import torch
+
+from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, _barrier
+from verl.utils.fsdp_utils import (
+    get_full_optimizer_state_dict,
+    get_full_state_dict,
+    load_full_optimizer_state_dict,
+    load_full_state_dict,
+)
+
+__all__ = ["FSDPCheckpointManager"]
+
+logger = logging.getLogger(__name__)
+
+HF_DIR = "huggingface"
+OPTIM_FILE = "optim.pt"
+META_FILE = "checkpoint_meta.json"
+
+
+def _extra_file(world_size: int, rank: int) -> str:
+    return f"extra_state_world_size_{world_size}_rank_{rank}.pt"
+
+
+def _save_hf_weights(model, state_dict: dict[str, torch.Tensor], out_dir: str, processing_class=None) -> None:
+    """Write `state_dict` as a Hugging Face model directory (config + safetensors + tokenizer)."""
+    from safetensors.torch import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    config = getattr(model, "config", None)
+    if config is not None:
+        config.save_pretrained(out_dir)
+    gen_config = getattr(model, "generation_config", None)
+    if gen_config is not None:
+        try:
+            gen_config.save_pretrained(out_dir)
+        except Exception as exc:  # noqa: BLE001 - an unusual generation config must not lose the weights
+            logger.warning("generation config not saved: %s", exc)
+    # safetensors refuses tensors that share storage (tied embeddings): give each key its own copy
+    seen: set[int] = set()
+    tensors = {}
+    for key, value in state_dict.items():
+        value = value.detach().cpu().contiguous()
+        ptr = value.untyped_storage().data_ptr()
+        if ptr in seen:
+            value = value.clone()
+        seen.add(value.untyped_storage().data_ptr())
+        tensors[key] = value
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    if processing_class is not None:
+        processing_class.save_pretrained(out_dir)
+
+
+def _load_hf_weights(in_dir: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    path = os.path.join(in_dir, "model.safetensors")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint weights {path} are missing")
+    return load_file(path)
+
+
+class FSDPCheckpointManager(BaseCheckpointManager):
+    """Save/load a model sharded with FSDP2 (or a plain module) with optimizer, scheduler, RNG.
+
+    Every rank of the process group must call `save_checkpoint` / `load_checkpoint` (they are
+    collective). See the module docstring for the layout.
+    """
+
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None):
+        if local_path is None:
+            raise ValueError("save_checkpoint: local_path is None")
+        local_path = os.path.abspath(local_path)
+        staging = self._begin_atomic(local_path)
+        contents = set(self.save_contents)
+
+        if contents & {"model", "hf_model"}:
+            state_dict = get_full_state_dict(self.model)  # collective
+            if self.rank == 0:
+                _save_hf_weights(self.model, state_dict, os.path.join(staging, HF_DIR), self.processing_class)
+            del state_dict
+        if "optimizer" in contents and self.optimizer is not None:
+            optim_state = get_full_optimizer_state_dict(self.model, self.optimizer)  # collective
+            if self.rank == 0:
+                torch.save(optim_state, os.path.join(staging, OPTIM_FILE))
+            del optim_state
+        if "extra" in contents:
+            extra = {
+                "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+                "rng": self.get_rng_state(),
+            }
+            torch.save(extra, os.path.join(staging, _extra_file(self.world_size, self.rank)))
+        if self.rank == 0:
+            meta = {"global_step": int(global_step), "world_size": self.world_size, "contents": sorted(contents)}
+            with open(os.path.join(staging, META_FILE), "w") as f:
+                json.dump(meta, f, indent=2)
+
+        self._commit_atomic(staging, local_path)
+        self._apply_retention(local_path, max_ckpt_to_keep)
+        self.previous_global_step = int(global_step)
+        if hdfs_path is not None:
+            self._copy_to_remote(local_path, hdfs_path)
+        _barrier(self.process_group)
+        return local_path
+
+    def _copy_to_remote(self, local_path: str, remote_path: str) -> None:
+        if self.rank != 0:
+            return
+        if "://" in remote_path:
+            raise NotImplementedError(
+                f"hdfs_path={remote_path!r}: only local / mounted file-system paths are supported for the "
+                "checkpoint copy; mount the remote store or set trainer.default_hdfs_dir to null"
+            )
+        if os.path.exists(remote_path):
+            shutil.rmtree(remote_path)
+        shutil.copytree(local_path, remote_path)
+
+    def load_checkpoint(self, local_path: str | None, hdfs_path: str | None = None, del_local_after_load: bool = False):
+        """Restore what `load_contents` names from `local_path` (or a copy of `hdfs_path`).
+
+        Returns the checkpoint's metadata dict (global_step, world_size, contents), or None when
+        `local_path` is None (nothing to resume).
+        """
+        if local_path is None and hdfs_path is None:
+            return None
+        if local_path is None:
+            local_path = hdfs_path
+        local_path = os.path.abspath(local_path)
+        meta_path = os.path.join(local_path, META_FILE)
+        if not os.path.exists(meta_path):
+            raise FileNotFoundError(f"{local_path} is not a checkpoint written by FSDPCheckpointManager (no {META_FILE})")
+        with open(meta_path) as f:
+            meta = json.load(f)
+        contents = set(self.load_contents)
+        saved = set(meta.get("contents", []))
+        available = saved | ({"model", "hf_model"} if saved & {"model", "hf_model"} else set())
+        missing = sorted(contents - available)
+        if missing:
+            raise ValueError(f"checkpoint {local_path} does not contain {missing} (it has {sorted(saved)}); adjust checkpoint.load_contents")
+
+        if contents & {"model", "hf_model"}:
+            state_dict = _load_hf_weights(os.path.join(local_path, HF_DIR))
+            load_full_state_dict(self.model, state_dict)
+            del state_dict
+        if "optimizer" in contents and self.optimizer is not None:
+            optim_state = torch.load(os.path.join(local_path, OPTIM_FILE), map_location="cpu", weights_only=False)
+            load_full_optimizer_state_dict(self.model, self.optimizer, optim_state)
+            del optim_state
+        if "extra" in contents:
+            same_world = meta.get("world_size") == self.world_size
+            rank_file = _extra_file(meta["world_size"], self.rank if same_world else 0)
+            extra = torch.load(os.path.join(local_path, rank_file), map_location="cpu", weights_only=False)
+            if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
+                self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+            if same_world:
+                self.load_rng_state(extra["rng"])
+            else:
+                warnings.warn(
+                    f"checkpoint {local_path} was written by {meta['world_size']} ranks, this group has "
+                    f"{self.world_size}: weights, optimizer and schedule are restored, RNG streams are not",
+                    stacklevel=2,
+                )
+        _barrier(self.process_group)
+        if del_local_after_load and self.rank == 0:
+            shutil.rmtree(local_path, ignore_errors=True)
+        _barrier(self.process_group)
+        self.previous_global_step = meta.get("global_step")
+        return meta

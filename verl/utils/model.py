@@ -1,0 +1,197 @@
+"""Building Hugging Face models for the workers: causal LM (actor, reference, rollout), value model
+(critic) and reward model, plus small helpers on position ids and model configs.
+
+Every builder takes a local directory or hub name; `None` selects the embedded default model
+(`verl.utils.embedded_default.default_model_path()`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+__all__ = [
+    "compute_position_id_with_mask",
+    "resolve_model_path",
+    "load_model_config",
+    "update_model_config",
+    "get_generation_config",
+    "build_causal_lm",
+    "build_value_model",
+    "build_reward_model",
+    "get_model_size",
+    "print_model_size",
+    "torch_dtype_from_name",
+]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+def torch_dtype_from_name(name: str | torch.dtype | None) -> torch.dtype | None:
+    """`"bf16"`/`"bfloat16"`/`"fp32"`/... -> torch dtype (None stays None)."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    try:
+        return _DTYPES[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"dtype {name!r} is not understood; accepted: {sorted(_DTYPES)}") from None
+
+
+def compute_position_id_with_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a (left- or right-) padded batch: 0, 1, 2... over the valid tokens.
+
+    Args:
+        mask: [B, S] attention mask (1 = token, 0 = padding).
+    Returns:
+        [B, S] int64; padding before the first token gets 0, padding after the last token keeps
+        counting (it is masked out, so its value never matters).
+    """
+    return torch.clip(torch.cumsum(mask.long(), dim=-1) - 1, min=0)
+
+
+def resolve_model_path(path: str | None) -> str:
+    """`path`, or the embedded default model directory when `path` is None."""
+    if path is not None:
+        return str(path)
+    try:
+        from verl.utils.embedded_default import default_model_path
+    except ImportError as exc:
+        raise RuntimeError(
+            "model.path is null, which selects the embedded default model, but "
+            f"verl.utils.embedded_default is not available ({exc}); set model.path to a model directory"
+        ) from exc
+    return str(default_model_path())
+
+
+def update_model_config(module_config, override_config_kwargs: dict[str, Any] | None) -> None:
+    """Set attributes of a transformers config in place (nested dicts update nested configs)."""
+    for key, value in (override_config_kwargs or {}).items():
+        current = getattr(module_config, key, None)
+        if isinstance(value, dict) and current is not None and not isinstance(current, dict):
+            update_model_config(current, value)
+        else:
+            setattr(module_config, key, value)
+
+
+def load_model_config(path: str, override_config: dict | None = None, trust_remote_code: bool = False):
+    """`AutoConfig` of `path` with `override_config` applied."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    update_model_config(config, override_config)
+    return config
+
+
+def get_generation_config(path: str, trust_remote_code: bool = False):
+    """The model's `GenerationConfig`, or one derived from its config when the file is absent."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except OSError:
+        try:
+            return GenerationConfig.from_model_config(load_model_config(path, trust_remote_code=trust_remote_code))
+        except OSError:
+            return None
+
+
+def _split_overrides(override_config: dict | None) -> tuple[dict, str]:
+    override = dict(override_config or {})
+    attn = override.pop("attn_implementation", "sdpa")
+    return override, attn
+
+
+def _from_pretrained(auto_cls, path: str, override_config: dict | None, torch_dtype, trust_remote_code: bool, seed: int, **extra):
+    override, attn = _split_overrides(override_config)
+    config = load_model_config(path, override, trust_remote_code)
+    for key, value in extra.items():
+        setattr(config, key, value)
+    # Weights absent from the checkpoint (a fresh value head) are drawn from the torch RNG; seeding
+    # it identically on every rank keeps the FSDP shards of those weights consistent.
+    torch.manual_seed(seed)
+    model = auto_cls.from_pretrained(
+        path,
+        config=config,
+        dtype=torch_dtype_from_name(torch_dtype) or torch.float32,
+        attn_implementation=attn,
+        trust_remote_code=trust_remote_code,
+    )
+    return model
+
+
+def build_causal_lm(
+    path: str,
+    override_config: dict | None = None,
+    torch_dtype: str | torch.dtype = "fp32",
+    trust_remote_code: bool = False,
+    seed: int = 0,
+):
+    """`AutoModelForCausalLM` from `path` (sdpa attention unless `override_config` says otherwise)."""
+    from transformers import AutoModelForCausalLM
+
+    return _from_pretrained(AutoModelForCausalLM, path, override_config, torch_dtype, trust_remote_code, seed)
+
+
+def build_value_model(
+    path: str,
+    override_config: dict | None = None,
+    torch_dtype: str | torch.dtype = "fp32",
+    trust_remote_code: bool = False,
+    seed: int = 0,
+):
+    """A value model V(s_t): `AutoModelForTokenClassification` with one label over the backbone of
+    `path` (a causal LM checkpoint: its backbone is loaded, the value head `score` is new unless the
+    checkpoint already has one). Classifier dropout is forced to 0 so that values computed in eval
+    mode (compute_values) and train mode (update_critic) agree.
+    """
+    from transformers import AutoModelForTokenClassification
+
+    return _from_pretrained(
+        AutoModelForTokenClassification,
+        path,
+        override_config,
+        torch_dtype,
+        trust_remote_code,
+        seed,
+        num_labels=1,
+        classifier_dropout=0.0,
+        hidden_dropout=0.0,
+    )
+
+
+def build_reward_model(
+    path: str,
+    override_config: dict | None = None,
+    torch_dtype: str | torch.dtype = "fp32",
+    trust_remote_code: bool = False,
+    seed: int = 0,
+):
+    """A sequence-classification reward model with one label (`AutoModelForSequenceClassification`)."""
+    from transformers import AutoModelForSequenceClassification
+
+    return _from_pretrained(AutoModelForSequenceClassification, path, override_config, torch_dtype, trust_remote_code, seed, num_labels=1)
+
+
+def get_model_size(model: torch.nn.Module, scale: str = "auto") -> tuple[float, str]:
+    """Number of parameters in units of `scale` ("B", "M", "K", "" or "auto")."""
+    n_params = sum(p.numel() for p in model.parameters())
+    if scale == "auto":
+        scale = "B" if n_params > 1e9 else "M" if n_params > 1e6 else "K" if n_params > 1e3 else ""
+    div = {"B": 1e9, "M": 1e6, "K": 1e3, "": 1.0}[scale]
+    return n_params / div, scale
+
+
+def print_model_size(model: torch.nn.Module, name: str | None = None) -> None:
+    n, scale = get_model_size(model)
+    print(f"{name or type(model).__name__} contains {n:.2f}{scale} parameters")
