@@ -1,0 +1,1000 @@
+"""DataProto: the batch container exchanged between the driver and the worker groups.
+
+A `DataProto` of ``bs`` rows holds
+
+- ``batch``: a `TensorDict` with one batch dimension of size ``bs``; every tensor is ``(bs, ...)``
+  (token ids ``(bs, seq_len)``, masks ``(bs, seq_len)`` with 1 = valid token, scores ``(bs,)``...);
+- ``non_tensor_batch``: ``name -> np.ndarray`` of length ``bs`` along axis 0, usually
+  ``dtype=object`` holding per-row Python objects (prompt strings, ``uid``, ground truths, dicts);
+- ``meta_info``: a plain dict of batch-wide values (temperature, global step, metrics).
+
+Every row operation (slice, index, chunk, concat, repeat, reorder) is applied to ``batch`` and
+``non_tensor_batch`` together so rows stay aligned; ``meta_info`` is carried along (shallow-copied).
+The public names and behaviour follow upstream verl's `verl.protocol`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import pickle
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from verl.utils import tensordict_utils as tu
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DataProto",
+    "DataProtoConfig",
+    "DataProtoFuture",
+    "DataProtoItem",
+    "WorkerCallError",
+    "all_gather_data_proto",
+    "collate_fn",
+    "fold_batch_dim",
+    "list_of_dict_to_dict_of_list",
+    "pad_dataproto_to_divisor",
+    "union_numpy_dict",
+    "union_tensor_dict",
+    "unfold_batch_dim",
+    "unpad_dataproto",
+]
+
+# Keyword the dispatcher adds to a worker call to say how many padding rows it appended; the
+# worker-group proxy removes it again before the call and strips that many rows from the result.
+_padding_size_key = "_padding_size_key_x123d"
+
+
+class _DataProtoConfigMeta(type):
+    """Gives `DataProtoConfig` class-level properties (``DataProtoConfig.auto_padding = True``)."""
+
+    _config: dict[str, Any] = {}
+    auto_padding_key = "_verl_auto_padding"
+
+    @property
+    def auto_padding(cls) -> bool:
+        by_env = os.environ.get("VERL_AUTO_PADDING", "").strip().upper() in ("1", "TRUE", "YES", "ON")
+        return by_env or bool(cls._config.get(cls.auto_padding_key, False))
+
+    @auto_padding.setter
+    def auto_padding(cls, enabled: bool) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"DataProtoConfig.auto_padding must be a bool, got {enabled!r}")
+        cls._config[cls.auto_padding_key] = enabled
+
+
+class DataProtoConfig(metaclass=_DataProtoConfigMeta):
+    """Process-wide switches of the data layer.
+
+    ``DataProtoConfig.auto_padding`` (or env ``VERL_AUTO_PADDING=1``) lets `DataProto.chunk` split
+    unevenly and lets `Dispatch.DP_COMPUTE_PROTO` pad a batch to a multiple of the worker count
+    (the padding rows are removed from the result). Per batch, the same is enabled with
+    ``meta_info[DataProtoConfig.auto_padding_key] = True`` (``from_dict(..., auto_padding=True)``).
+    """
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _to_object_array(values: Any, key: str) -> np.ndarray:
+    """One object per row: a list of lists stays a 1-D array of lists (numpy would make it 2-D)."""
+    if isinstance(values, np.ndarray):
+        return values
+    if isinstance(values, torch.Tensor):
+        raise TypeError(f"non-tensor entry {key!r} is a torch.Tensor; put tensors in `tensors`/`batch`")
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"non-tensor entry {key!r} must be a np.ndarray, list or tuple, got {type(values).__name__}")
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+def _index_array(idxs: Any, n: int) -> np.ndarray:
+    """Normalise an index (ints or a bool mask; list, numpy or torch) to int64 row numbers in [0, n)."""
+    if isinstance(idxs, torch.Tensor):
+        arr = idxs.detach().cpu().numpy()
+    elif isinstance(idxs, np.ndarray):
+        arr = idxs
+    elif isinstance(idxs, (list, tuple, range)):
+        arr = np.asarray(list(idxs))
+        if arr.size == 0:
+            arr = arr.astype(np.int64)
+    else:
+        raise TypeError(f"index must be a list, np.ndarray or torch.Tensor of ints or bools, got {type(idxs).__name__}")
+    if arr.ndim != 1:
+        raise ValueError(f"index must be 1-D, got shape {arr.shape}")
+    if arr.dtype == np.bool_:
+        if arr.shape[0] != n:
+            raise IndexError(f"boolean mask has {arr.shape[0]} entries but the DataProto has {n} rows")
+        return np.flatnonzero(arr).astype(np.int64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"index entries must be integers or bools, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and (arr.min() < -n or arr.max() >= n):
+        bad = arr[(arr < -n) | (arr >= n)][0]
+        raise IndexError(f"row index {bad} is out of range for a DataProto of {n} rows")
+    return np.where(arr < 0, arr + n, arr)
+
+
+def _values_equal(a: Any, b: Any) -> bool:
+    """Equality that works for tensors, arrays, nested containers and NaN (NaN == NaN here)."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.cpu(), b.cpu()))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape:
+            return False
+        if a.dtype == object or b.dtype == object:
+            return all(_values_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _as_list(value: Any, where: str) -> list:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, np.ndarray):
+        return value.reshape(-1).tolist()
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().reshape(-1).tolist()
+    if isinstance(value, (int, float, bool, str, np.generic)) or value is None:
+        return [value.item() if isinstance(value, np.generic) else value]
+    raise TypeError(f"{where} has type {type(value).__name__}; metric values must be numbers, strings or 1-D sequences")
+
+
+def _merge_metrics(into: dict[str, list], metrics: Any, part: int) -> None:
+    """Append one part's metrics (a dict, or a list of dicts) to `into` as flat lists."""
+    if metrics is None:
+        return
+    if isinstance(metrics, (list, tuple)):
+        for item in metrics:
+            _merge_metrics(into, item, part)
+        return
+    if not isinstance(metrics, dict):
+        raise TypeError(f"meta_info['metrics'] of part {part} must be a dict or a list of dicts, got {type(metrics).__name__}")
+    for name, value in metrics.items():
+        into.setdefault(name, []).extend(_as_list(value, f"meta_info['metrics'][{name!r}] of part {part}"))
+
+
+def _merge_meta_info(metas: Sequence[dict]) -> dict:
+    """Merge the meta_info of concatenated parts.
+
+    ``metrics`` (dict name -> value or list, or a list of such dicts) become one dict of flat lists
+    holding every part's values in part order. Any other key must be equal in every part that has
+    it (kept once); differing values raise ValueError naming the key.
+    """
+    merged: dict[str, Any] = {}
+    origin: dict[str, int] = {}
+    metrics: dict[str, list] | None = None
+    for part, meta in enumerate(metas):
+        for key, value in meta.items():
+            if key == "metrics":
+                metrics = {} if metrics is None else metrics
+                _merge_metrics(metrics, value, part)
+            elif key not in merged:
+                merged[key], origin[key] = value, part
+            elif not _values_equal(merged[key], value):
+                raise ValueError(
+                    f"cannot concat DataProtos: meta_info[{key!r}] is {_short(merged[key])} in part {origin[key]} "
+                    f"but {_short(value)} in part {part}; make the workers agree (e.g. reduce it) or pop it before concat"
+                )
+    if metrics is not None:
+        merged["metrics"] = metrics
+    return merged
+
+
+def list_of_dict_to_dict_of_list(list_of_dict: list[dict]) -> dict[str, list]:
+    """``[{"a": 1}, {"a": 2}] -> {"a": [1, 2]}``; every dict must have the keys of the first."""
+    if not list_of_dict:
+        return {}
+    keys = list(list_of_dict[0].keys())
+    out: dict[str, list] = {k: [] for k in keys}
+    for i, d in enumerate(list_of_dict):
+        if set(d.keys()) != set(keys):
+            raise ValueError(f"dict {i} has keys {sorted(d)} but dict 0 has {sorted(keys)}")
+        for k in keys:
+            out[k].append(d[k])
+    return out
+
+
+def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
+    """Add `tensor_dict2`'s keys to `tensor_dict1` in place; shared keys must hold equal values."""
+    return tu.union_tensor_dict(tensor_dict1, tensor_dict2)
+
+
+def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Add `tensor_dict2`'s arrays to `tensor_dict1` in place; shared keys must hold equal arrays
+    (object arrays compared element-wise, NaN equal to NaN), else ValueError naming the key."""
+    for key, val in tensor_dict2.items():
+        if key in tensor_dict1:
+            if not isinstance(val, np.ndarray) or not _values_equal(tensor_dict1[key], val):
+                raise ValueError(f"non-tensor key {key!r} is in both dicts with different values; union refuses to overwrite it")
+        else:
+            tensor_dict1[key] = val
+    return tensor_dict1
+
+
+def _union_meta(meta1: dict, meta2: dict) -> dict:
+    for key, val in meta2.items():
+        if key in meta1 and not _values_equal(meta1[key], val):
+            raise ValueError(f"meta_info key {key!r} differs between the two DataProtos ({_short(meta1[key])} vs {_short(val)})")
+        meta1[key] = val
+    return meta1
+
+
+def _mini_batch_indices(n: int, mini_batch_size: int, epochs: int, seed: int | None, dataloader_kwargs: dict | None) -> Iterator[slice | np.ndarray]:
+    """Row selections for `make_iterator`: slices in order, or index arrays when shuffling."""
+    kwargs = dict(dataloader_kwargs or {})
+    shuffle = bool(kwargs.pop("shuffle", False))
+    drop_last = bool(kwargs.pop("drop_last", False))
+    if kwargs:
+        raise ValueError(f"unsupported dataloader_kwargs {sorted(kwargs)}; supported: ['drop_last', 'shuffle']")
+    if not isinstance(mini_batch_size, int) or mini_batch_size <= 0:
+        raise ValueError(f"mini_batch_size must be a positive int, got {mini_batch_size!r}")
+    if not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
+    if n % mini_batch_size != 0 and not drop_last:
+        raise ValueError(f"{n} rows do not divide into mini-batches of {mini_batch_size}; pass dataloader_kwargs={{'drop_last': True}} to drop the remainder")
+    generator = None
+    if seed is not None:
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    n_full = n - n % mini_batch_size
+    for _ in range(epochs):
+        if shuffle:
+            perm = torch.randperm(n, generator=generator).numpy()
+            for start in range(0, n_full, mini_batch_size):
+                yield perm[start : start + mini_batch_size]
+        else:
+            for start in range(0, n_full, mini_batch_size):
+                yield slice(start, start + mini_batch_size)
+
+
+# ----------------------------------------------------------------------------- DataProtoItem
+
+
+@dataclass
+class DataProtoItem:
+    """One row of a DataProto: ``batch`` has batch size ``[]``, ``non_tensor_batch`` holds scalars."""
+
+    batch: TensorDict | None = None
+    non_tensor_batch: dict = field(default_factory=dict)
+    meta_info: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- DataProto
+
+
+@dataclass(repr=False)
+class DataProto:
+    """A batch of ``len(self)`` rows: tensors in ``batch``, per-row objects in ``non_tensor_batch``,
+    batch-wide values in ``meta_info`` (see the module docstring).
+
+    Construct with `from_dict` / `from_single_dict`; the constructor validates that every entry has
+    the same number of rows.
+    """
+
+    batch: TensorDict | None = None
+    non_tensor_batch: dict = field(default_factory=dict)
+    meta_info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.non_tensor_batch is None:
+            self.non_tensor_batch = {}
+        if self.meta_info is None:
+            self.meta_info = {}
+        self.check_consistency()
+
+    # ------------------------------------------------------------------ basics
+
+    def check_consistency(self) -> None:
+        """Raise if the parts disagree: batch must be a TensorDict with one batch dimension, every
+        non-tensor entry an np.ndarray with that many rows, meta_info a dict."""
+        if self.batch is not None:
+            if not isinstance(self.batch, TensorDict):
+                raise TypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
+            if len(self.batch.batch_size) != 1:
+                raise ValueError(f"DataProto.batch must have exactly one batch dimension, got batch_size={tuple(self.batch.batch_size)}")
+        if not isinstance(self.non_tensor_batch, dict):
+            raise TypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
+        if not isinstance(self.meta_info, dict):
+            raise TypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
+        rows = self.batch.batch_size[0] if self.batch is not None else None
+        reference = "batch"
+        for key, val in self.non_tensor_batch.items():
+            if not isinstance(val, np.ndarray):
+                raise TypeError(f"non_tensor_batch[{key!r}] must be a np.ndarray (dtype=object for Python objects), got {type(val).__name__}")
+            if val.ndim == 0:
+                raise ValueError(f"non_tensor_batch[{key!r}] is a 0-d array; it needs one entry per row (put batch-wide values in meta_info)")
+            if rows is None:
+                rows, reference = val.shape[0], f"non_tensor_batch[{next(iter(self.non_tensor_batch))!r}]"
+            elif val.shape[0] != rows:
+                raise ValueError(f"non_tensor_batch[{key!r}] has {val.shape[0]} rows but {reference} has {rows}")
+
+    def __len__(self) -> int:
+        if self.batch is not None:
+            return int(self.batch.batch_size[0])
+        if self.non_tensor_batch:
+            return int(next(iter(self.non_tensor_batch.values())).shape[0])
+        return 0
+
+    def __repr__(self) -> str:
+        tensors = {k: f"{tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.batch.items()} if self.batch is not None else {}
+        non_tensors = {k: f"{v.shape} {v.dtype}" for k, v in self.non_tensor_batch.items()}
+        return f"DataProto(len={len(self)}, batch={tensors}, non_tensor_batch={non_tensors}, meta_info_keys={sorted(self.meta_info)})"
+
+    def __getitem__(self, item):
+        """``data[i]`` -> DataProtoItem; ``data[a:b]`` -> view; list / array / tensor of ints or a
+        bool mask -> a new DataProto with those rows (copied)."""
+        if isinstance(item, slice):
+            return self.slice(item.start, item.stop, item.step)
+        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            n = len(self)
+            if not -n <= item < n:
+                raise IndexError(f"row {item} is out of range for a DataProto of {n} rows")
+            item = int(item) % n
+            batch = self.batch[item] if self.batch is not None else None
+            return DataProtoItem(batch=batch, non_tensor_batch={k: v[item] for k, v in self.non_tensor_batch.items()}, meta_info=self.meta_info)
+        if isinstance(item, (list, tuple, np.ndarray, torch.Tensor)):
+            return self.select_idxs(item)
+        raise TypeError(f"DataProto indices must be int, slice, list, np.ndarray or torch.Tensor, got {type(item).__name__}")
+
+    def __iter__(self) -> Iterator[DataProtoItem]:
+        for i in range(len(self)):
+            yield self[i]
+
+    # ------------------------------------------------------------------ pickling and files
+
+    def __getstate__(self):
+        # Tensors travel as flat byte buffers (see tensordict_utils.tensordict_to_state): no
+        # per-row objects, and Ray can pass the buffers out of band without copying them.
+        return {"batch": tu.tensordict_to_state(self.batch), "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
+
+    def __setstate__(self, state):
+        self.batch = tu.tensordict_from_state(state["batch"])
+        self.non_tensor_batch = state["non_tensor_batch"]
+        self.meta_info = state["meta_info"]
+
+    def save_to_disk(self, filepath: str) -> None:
+        """Write this DataProto to `filepath` (atomically: a crash never leaves half a file)."""
+        directory = os.path.dirname(os.path.abspath(filepath))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".dataproto-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(self, f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, filepath)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @staticmethod
+    def load_from_disk(filepath: str) -> DataProto:
+        """Read a DataProto written by `save_to_disk`."""
+        with open(filepath, "rb") as f:
+            data = pickle.load(f)
+        if not isinstance(data, DataProto):
+            raise TypeError(f"{filepath} holds a {type(data).__name__}, not a DataProto")
+        return data
+
+    def get_data_info(self) -> str:
+        """Human-readable list of the keys with shapes and dtypes."""
+        lines = [f"DataProto with {len(self)} rows"]
+        lines.append("batch:")
+        if self.batch is not None:
+            for key, val in self.batch.items():
+                shape = tuple(val.shape) if hasattr(val, "shape") else "?"
+                lines.append(f"  {key}: shape={shape} dtype={getattr(val, 'dtype', type(val).__name__)} device={getattr(val, 'device', None)}")
+        lines.append("non_tensor_batch:")
+        for key, val in self.non_tensor_batch.items():
+            lines.append(f"  {key}: shape={val.shape} dtype={val.dtype}")
+        lines.append("meta_info:")
+        for key, val in self.meta_info.items():
+            lines.append(f"  {key}: {type(val).__name__}")
+        return "\n".join(lines)
+
+    def print_size(self, prefix: str = "") -> None:
+        """Print the memory held by the tensors and by the numpy arrays (object payloads not counted)."""
+        tensor_bytes = 0
+        if self.batch is not None:
+            for _, t in self.batch.items(include_nested=True, leaves_only=True):
+                if isinstance(t, torch.Tensor):
+                    tensor_bytes += t.element_size() * t.numel()
+        array_bytes = sum(v.nbytes for v in self.non_tensor_batch.values())
+        print(f"{prefix}size of tensordict: {tensor_bytes / 1024**3:.6f} GB, size of non_tensor_batch: {array_bytes / 1024**3:.6f} GB")
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_single_dict(cls, data: dict[str, Any], meta_info: dict | None = None, auto_padding: bool = False) -> DataProto:
+        """Split one dict into tensors (torch.Tensor) and per-row objects (np.ndarray, list, tuple)."""
+        tensors, non_tensors = {}, {}
+        for key, val in data.items():
+            if isinstance(val, torch.Tensor):
+                tensors[key] = val
+            elif isinstance(val, (np.ndarray, list, tuple)):
+                non_tensors[key] = val
+            else:
+                raise TypeError(f"value of {key!r} has type {type(val).__name__}; expected torch.Tensor, np.ndarray, list or tuple")
+        return cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info, auto_padding=auto_padding)
+
+    @classmethod
+    def from_dict(
+        cls,
+        tensors: dict[str, torch.Tensor] | None = None,
+        non_tensors: dict[str, Any] | None = None,
+        meta_info: dict | None = None,
+        num_batch_dims: int = 1,
+        auto_padding: bool = False,
+    ) -> DataProto:
+        """Build a DataProto; rows are dim 0 of every tensor and axis 0 of every non-tensor entry.
+
+        Args:
+            tensors: name -> tensor ``(bs, ...)``.
+            non_tensors: name -> np.ndarray, list or tuple of ``bs`` per-row objects (lists are
+                stored as 1-D object arrays even when their items are equal-length lists).
+            meta_info: batch-wide values (copied shallowly).
+            num_batch_dims: must be 1 (kept for upstream signature compatibility).
+            auto_padding: allow uneven chunking of this batch (see `DataProtoConfig`).
+        """
+        if num_batch_dims != 1:
+            raise ValueError(f"DataProto supports exactly one batch dimension, got num_batch_dims={num_batch_dims}")
+        tensors = tensors or {}
+        non_tensors = non_tensors or {}
+        meta_info = dict(meta_info or {})
+        batch = None
+        if tensors:
+            first_key, bs = None, None
+            for key, t in tensors.items():
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"tensors[{key!r}] has type {type(t).__name__}; expected torch.Tensor")
+                if t.dim() < 1:
+                    raise ValueError(f"tensors[{key!r}] is 0-d; every tensor needs a leading batch dimension")
+                if bs is None:
+                    first_key, bs = key, t.shape[0]
+                elif t.shape[0] != bs:
+                    raise ValueError(f"tensors[{key!r}] has {t.shape[0]} rows but tensors[{first_key!r}] has {bs}")
+            batch = TensorDict(source=dict(tensors), batch_size=[bs])
+        converted = {key: _to_object_array(val, key) for key, val in non_tensors.items()}
+        if auto_padding:
+            meta_info[DataProtoConfig.auto_padding_key] = True
+        return cls(batch=batch, non_tensor_batch=converted, meta_info=meta_info)
+
+    @classmethod
+    def from_tensordict(cls, tensor_dict: TensorDict, meta_info: dict | None = None, num_batch_dims: int = 1) -> DataProto:
+        """Inverse of `to_tensordict`: tensors -> batch, `NonTensorStack` -> non_tensor_batch
+        (object arrays), `NonTensorData` -> meta_info."""
+        from tensordict.tensorclass import NonTensorData, NonTensorStack
+
+        if num_batch_dims != 1:
+            raise ValueError(f"DataProto supports exactly one batch dimension, got num_batch_dims={num_batch_dims}")
+        meta = dict(meta_info or {})
+        tensors, non_tensors = {}, {}
+        for key in tensor_dict.keys():
+            val = tensor_dict.get(key)
+            if isinstance(val, NonTensorStack):
+                non_tensors[key] = _to_object_array(val.tolist(), key)
+            elif isinstance(val, NonTensorData):
+                if key in meta and not _values_equal(meta[key], val.data):
+                    raise ValueError(f"meta_info[{key!r}] is given twice with different values")
+                meta[key] = val.data
+            else:
+                tensors[key] = val
+        batch = None
+        if tensors:
+            if len(tensor_dict.batch_size) < 1:
+                raise ValueError("the TensorDict has no batch dimension; build it with batch_size=[bs]")
+            batch = TensorDict(source=tensors, batch_size=tensor_dict.batch_size[:1], device=tensor_dict.device)
+        return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
+
+    def to_tensordict(self) -> TensorDict:
+        """One TensorDict holding everything: tensors as is, each non-tensor entry as a
+        `NonTensorStack` of row objects, each meta_info entry as `NonTensorData`."""
+        tensors: dict[str, Any] = dict(self.batch.items()) if self.batch is not None else {}
+        for key, val in self.non_tensor_batch.items():
+            if key in tensors:
+                raise ValueError(f"key {key!r} is in both batch and non_tensor_batch; rename one before to_tensordict()")
+            tensors[key] = list(val)
+        clash = set(tensors) & set(self.meta_info)
+        if clash:
+            raise ValueError(f"meta_info keys {sorted(clash)} clash with row keys; rename them before to_tensordict()")
+        td = tu.get_tensordict(tensors, dict(self.meta_info))
+        if not tensors:
+            td.batch_size = torch.Size([len(self)])
+        return td
+
+    # ------------------------------------------------------------------ selection
+
+    def _derive(self, batch: TensorDict | None, non_tensor_batch: dict, meta_info: dict | None = None) -> DataProto:
+        # Row-derived DataProtos share nothing mutable at the top level with their parent.
+        return type(self)(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=dict(self.meta_info) if meta_info is None else meta_info)
+
+    def to(self, device) -> DataProto:
+        """Move the tensors to `device` (in place) and return self."""
+        if self.batch is not None:
+            self.batch = self.batch.to(device)
+        return self
+
+    def select(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None, deepcopy: bool = False) -> DataProto:
+        """A DataProto with only the given keys (None = all of that part). KeyError names a missing key.
+
+        Tensors are shared with self unless ``deepcopy=True`` (then everything is copied)."""
+        if batch_keys is not None:
+            batch_keys = [batch_keys] if isinstance(batch_keys, str) else list(batch_keys)
+            available = set(self.batch.keys()) if self.batch is not None else set()
+            missing = [k for k in batch_keys if k not in available]
+            if missing:
+                raise KeyError(f"batch keys {missing} not found; available: {sorted(available)}")
+            batch = self.batch.select(*batch_keys) if self.batch is not None else None
+        else:
+            batch = self.batch
+        if non_tensor_batch_keys is not None:
+            non_tensor_batch_keys = [non_tensor_batch_keys] if isinstance(non_tensor_batch_keys, str) else list(non_tensor_batch_keys)
+            missing = [k for k in non_tensor_batch_keys if k not in self.non_tensor_batch]
+            if missing:
+                raise KeyError(f"non_tensor_batch keys {missing} not found; available: {sorted(self.non_tensor_batch)}")
+            non_tensor = {k: self.non_tensor_batch[k] for k in non_tensor_batch_keys}
+        else:
+            non_tensor = dict(self.non_tensor_batch)
+        if meta_info_keys is not None:
+            meta_info_keys = [meta_info_keys] if isinstance(meta_info_keys, str) else list(meta_info_keys)
+            missing = [k for k in meta_info_keys if k not in self.meta_info]
+            if missing:
+                raise KeyError(f"meta_info keys {missing} not found; available: {sorted(self.meta_info)}")
+            meta = {k: self.meta_info[k] for k in meta_info_keys}
+        else:
+            meta = dict(self.meta_info)
+        if deepcopy:
+            batch = batch.clone() if batch is not None else None
+            non_tensor = copy.deepcopy(non_tensor)
+            meta = copy.deepcopy(meta)
+        elif batch is self.batch and batch is not None:
+            # a new TensorDict object over the same tensors, so adding keys to the result leaves self alone
+            batch = batch.select(*batch.keys())
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+    def select_idxs(self, idxs) -> DataProto:
+        """Rows `idxs` (ints, negative allowed, or a bool mask of len(self); list, numpy or torch),
+        in the given order, copied into a new DataProto."""
+        idx = _index_array(idxs, len(self))
+        batch = self.batch[torch.from_numpy(idx)] if self.batch is not None else None
+        if batch is not None and idx.size == 0:
+            batch = self.batch[0:0]
+        return self._derive(batch, {k: v[idx] for k, v in self.non_tensor_batch.items()})
+
+    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> DataProto:
+        """Rows ``start:end:step`` as a view (tensors are not copied). A negative step is allowed
+        and then copies."""
+        sl = slice(start, end, step)
+        if step is not None and step < 0:
+            return self.select_idxs(np.arange(len(self))[sl])
+        batch = self.batch[sl] if self.batch is not None else None
+        return self._derive(batch, {k: v[sl] for k, v in self.non_tensor_batch.items()})
+
+    def pop(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None) -> DataProto:
+        """Remove the given keys from self and return them as a new DataProto (KeyError names a
+        missing key; nothing is removed in that case)."""
+        batch_keys = [batch_keys] if isinstance(batch_keys, str) else list(batch_keys or [])
+        non_tensor_batch_keys = [non_tensor_batch_keys] if isinstance(non_tensor_batch_keys, str) else list(non_tensor_batch_keys or [])
+        meta_info_keys = [meta_info_keys] if isinstance(meta_info_keys, str) else list(meta_info_keys or [])
+        available = set(self.batch.keys()) if self.batch is not None else set()
+        for keys, have, part in ((batch_keys, available, "batch"), (non_tensor_batch_keys, self.non_tensor_batch, "non_tensor_batch"), (meta_info_keys, self.meta_info, "meta_info")):
+            missing = [k for k in keys if k not in have]
+            if missing:
+                raise KeyError(f"{part} keys {missing} not found; available: {sorted(have)}")
+        tensors = {k: self.batch.pop(k) for k in batch_keys}
+        non_tensors = {k: self.non_tensor_batch.pop(k) for k in non_tensor_batch_keys}
+        meta = {k: self.meta_info.pop(k) for k in meta_info_keys}
+        batch = TensorDict(source=tensors, batch_size=self.batch.batch_size, device=self.batch.device) if tensors else None
+        return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
+
+    def rename(self, old_keys=None, new_keys=None) -> DataProto:
+        """Rename keys in place (batch keys, or non-tensor keys when the name is there); returns self."""
+        old = [old_keys] if isinstance(old_keys, str) else list(old_keys or [])
+        new = [new_keys] if isinstance(new_keys, str) else list(new_keys or [])
+        if len(old) != len(new):
+            raise ValueError(f"rename needs as many new keys as old keys, got {len(old)} old {old} and {len(new)} new {new}")
+        for o, n in zip(old, new):
+            if self.batch is not None and o in self.batch.keys():
+                self.batch.rename_key_(o, n)
+            elif o in self.non_tensor_batch:
+                if n in self.non_tensor_batch:
+                    raise KeyError(f"cannot rename {o!r} to {n!r}: {n!r} already exists in non_tensor_batch")
+                self.non_tensor_batch[n] = self.non_tensor_batch.pop(o)
+            else:
+                raise KeyError(f"key {o!r} not found in batch or non_tensor_batch")
+        return self
+
+    def union(self, other: DataProto) -> DataProto:
+        """Add `other`'s keys to self in place (equal row counts; a shared key must hold equal
+        values, else ValueError naming it) and return self."""
+        if len(self) != len(other) and (self.batch is not None or self.non_tensor_batch) and (other.batch is not None or other.non_tensor_batch):
+            raise ValueError(f"cannot union DataProtos of {len(self)} and {len(other)} rows")
+        if self.batch is None:
+            self.batch = other.batch
+        elif other.batch is not None:
+            self.batch = union_tensor_dict(self.batch, other.batch)
+        self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
+        self.meta_info = _union_meta(self.meta_info, other.meta_info)
+        self.check_consistency()
+        return self
+
+    # ------------------------------------------------------------------ iteration and splitting
+
+    def make_iterator(self, mini_batch_size: int, epochs: int, seed: int | None = None, dataloader_kwargs: dict | None = None) -> Iterator[DataProto]:
+        """Yield mini-batches of `mini_batch_size` rows, `epochs` times over the data.
+
+        ``dataloader_kwargs`` accepts ``shuffle`` (a new permutation each epoch, reproducible with
+        `seed`) and ``drop_last``; without ``drop_last`` the row count must divide evenly. Every
+        mini-batch carries this DataProto's meta_info.
+        """
+        for idx in _mini_batch_indices(len(self), mini_batch_size, epochs, seed, dataloader_kwargs):
+            part = self[idx.start : idx.stop] if isinstance(idx, slice) else self.select_idxs(idx)
+            part.meta_info = self.meta_info
+            yield part
+
+    def is_padding_enabled(self) -> bool:
+        """True when this batch (meta_info) or the process (DataProtoConfig) enables auto padding."""
+        return bool(self.meta_info.get(DataProtoConfig.auto_padding_key, False)) or DataProtoConfig.auto_padding
+
+    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
+        """Append `padding_size` copies of the last row (``padding_candidate="first"``: the first
+        row) in place."""
+        if padding_size == 0:
+            return
+        if len(self) == 0:
+            raise ValueError("cannot pad an empty DataProto: there is no row to repeat")
+        row = 0 if padding_candidate == "first" else len(self) - 1
+        padded = DataProto.concat([self, self.select_idxs(np.full(padding_size, row))])
+        self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
+
+    def chunk(self, chunks: int) -> list[DataProto]:
+        """Split into exactly `chunks` consecutive views.
+
+        The row count must divide evenly unless padding is enabled (`is_padding_enabled`); then
+        the sizes differ by at most one, larger pieces first.
+        """
+        if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0:
+            raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+        n = len(self)
+        if n % chunks != 0 and not self.is_padding_enabled():
+            raise ValueError(
+                f"a DataProto of {n} rows cannot be split into {chunks} equal chunks; pad it first "
+                f"(pad_dataproto_to_divisor) or enable auto padding (DataProtoConfig.auto_padding = True)"
+            )
+        bounds = tu._even_bounds(n, chunks)
+        return [self.slice(int(bounds[i]), int(bounds[i + 1])) for i in range(chunks)]
+
+    def split(self, split_size: int) -> list[DataProto]:
+        """Consecutive views of `split_size` rows (the last may be shorter)."""
+        if not isinstance(split_size, int) or split_size <= 0:
+            raise ValueError(f"split_size must be a positive int, got {split_size!r}")
+        return [self.slice(start, start + split_size) for start in range(0, len(self), split_size)]
+
+    @staticmethod
+    def concat(data: list[DataProto]) -> DataProto:
+        """Concatenate rows of several DataProtos (same keys in each part).
+
+        meta_info is merged: ``metrics`` become flat lists over all parts, other keys must agree
+        (ValueError naming the key otherwise). Parts with no keys at all (``DataProto()``) only
+        contribute meta_info.
+        """
+        data = list(data)
+        if not data:
+            raise ValueError("DataProto.concat needs at least one DataProto")
+        for i, d in enumerate(data):
+            if not isinstance(d, DataProto):
+                raise TypeError(f"DataProto.concat: part {i} is a {type(d).__name__}, not a DataProto")
+        meta = _merge_meta_info([d.meta_info for d in data])
+        parts = [d for d in data if d.batch is not None or d.non_tensor_batch]
+        if not parts:
+            return DataProto(meta_info=meta)
+        with_batch = [d.batch is not None for d in parts]
+        if any(with_batch) and not all(with_batch):
+            raise ValueError(f"DataProto.concat: parts {[i for i, b in enumerate(with_batch) if not b]} have no tensor batch while others do")
+        batch = tu.concat_tensordict([d.batch for d in parts]) if all(with_batch) else None
+        keys0 = set(parts[0].non_tensor_batch)
+        for i, d in enumerate(parts[1:], start=1):
+            if set(d.non_tensor_batch) != keys0:
+                raise ValueError(f"DataProto.concat: part {i} has non_tensor_batch keys {sorted(d.non_tensor_batch)} but part 0 has {sorted(keys0)}")
+        non_tensor = {k: np.concatenate([d.non_tensor_batch[k] for d in parts], axis=0) for k in parts[0].non_tensor_batch}
+        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+    def reorder(self, indices) -> None:
+        """Reorder rows in place: row i becomes old row ``indices[i]``."""
+        idx = _index_array(indices, len(self))
+        if self.batch is not None:
+            self.batch = self.batch[torch.from_numpy(idx)]
+        self.non_tensor_batch = {k: v[idx] for k, v in self.non_tensor_batch.items()}
+
+    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
+        """Each row `repeat_times` times: ``interleave=True`` gives a a b b, False gives a b a b."""
+        if not isinstance(repeat_times, int) or repeat_times < 0:
+            raise ValueError(f"repeat_times must be a non-negative int, got {repeat_times!r}")
+        rows = np.arange(len(self))
+        idx = np.repeat(rows, repeat_times) if interleave else np.tile(rows, repeat_times)
+        return self.select_idxs(idx)
+
+    def sample_level_repeat(self, repeat_times) -> DataProto:
+        """Row i repeated ``repeat_times[i]`` times, consecutively (an int repeats every row)."""
+        if isinstance(repeat_times, int):
+            return self.repeat(repeat_times, interleave=True)
+        if isinstance(repeat_times, torch.Tensor):
+            counts = repeat_times.detach().cpu().numpy()
+        else:
+            counts = np.asarray(list(repeat_times))
+        if counts.ndim != 1 or counts.shape[0] != len(self):
+            raise ValueError(f"repeat_times needs one count per row ({len(self)}), got shape {counts.shape}")
+        if counts.size and (not np.issubdtype(counts.dtype, np.integer) or counts.min() < 0):
+            raise ValueError(f"repeat_times must be non-negative integers, got {counts.tolist()[:10]}")
+        return self.select_idxs(np.repeat(np.arange(len(self)), counts.astype(np.int64)))
+
+    def unfold_column_chunks(self, n_split: int, split_keys: list[str] | None = None) -> DataProto:
+        """Cut dim 1 of each `split_keys` entry into `n_split` pieces and move them to the batch
+        dimension (``(bs, n_split * k, ...) -> (bs * n_split, k, ...)``); other entries are
+        repeated so rows stay aligned."""
+        split_keys = set(split_keys or [])
+        n = len(self)
+
+        def unfold(key, val):
+            if key in split_keys:
+                if val.shape[1] % n_split != 0:
+                    raise ValueError(f"dim 1 of {key!r} has size {val.shape[1]}, not divisible by n_split={n_split}")
+                return val.reshape(n * n_split, val.shape[1] // n_split, *val.shape[2:])
+            return val.repeat_interleave(n_split, dim=0) if isinstance(val, torch.Tensor) else np.repeat(val, n_split, axis=0)
+
+        batch = None
+        if self.batch is not None:
+            batch = TensorDict({k: unfold(k, v) for k, v in self.batch.items()}, batch_size=[n * n_split], device=self.batch.device)
+        non_tensor = {k: unfold(k, v) for k, v in self.non_tensor_batch.items()}
+        return self._derive(batch, non_tensor)
+
+
+# ----------------------------------------------------------------------------- module helpers
+
+
+def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
+    """Append copies of the leading rows (cycling) until ``len`` divides `size_divisor`.
+
+    Returns ``(padded, pad_size)``; `unpad_dataproto(result, pad_size)` drops the padding rows
+    again. The input is not modified.
+    """
+    if not isinstance(size_divisor, int) or size_divisor <= 0:
+        raise ValueError(f"size_divisor must be a positive int, got {size_divisor!r}")
+    n = len(data)
+    pad_size = (-n) % size_divisor
+    if pad_size == 0:
+        return data, 0
+    if n == 0:
+        raise ValueError(f"cannot pad an empty DataProto to a multiple of {size_divisor}: there is no row to repeat")
+    padded = DataProto.concat([data, data.select_idxs(np.arange(pad_size) % n)])
+    padded.meta_info = dict(data.meta_info)
+    return padded, pad_size
+
+
+def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
+    """Drop the last `pad_size` rows (those appended by `pad_dataproto_to_divisor`)."""
+    if pad_size < 0 or pad_size > len(data):
+        raise ValueError(f"pad_size {pad_size} is out of range for a DataProto of {len(data)} rows")
+    return data[: len(data) - pad_size] if pad_size else data
+
+
+def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
+    """Group consecutive rows: ``(bs, ...) -> (new_batch_size, bs // new_batch_size, ...)``."""
+    n = len(data)
+    if new_batch_size <= 0 or n % new_batch_size != 0:
+        raise ValueError(f"cannot fold {n} rows into batch size {new_batch_size}: it must divide the row count")
+    group = n // new_batch_size
+    batch = None
+    if data.batch is not None:
+        batch = TensorDict({k: v.reshape(new_batch_size, group, *v.shape[1:]) for k, v in data.batch.items()}, batch_size=[new_batch_size], device=data.batch.device)
+    non_tensor = {k: v.reshape(new_batch_size, group, *v.shape[1:]) for k, v in data.non_tensor_batch.items()}
+    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
+
+
+def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
+    """Inverse of `fold_batch_dim`: merge the first `batch_dims` dimensions into the row dimension."""
+    if batch_dims < 1:
+        raise ValueError(f"batch_dims must be >= 1, got {batch_dims}")
+
+    def flat(v):
+        if v.ndim < batch_dims:
+            raise ValueError(f"an entry of shape {tuple(v.shape)} has fewer than batch_dims={batch_dims} dimensions")
+        return v.reshape(-1, *v.shape[batch_dims:])
+
+    batch = None
+    if data.batch is not None:
+        tensors = {k: flat(v) for k, v in data.batch.items()}
+        rows = next(iter(tensors.values())).shape[0] if tensors else len(data)
+        batch = TensorDict(tensors, batch_size=[rows], device=data.batch.device)
+    non_tensor = {k: flat(v) for k, v in data.non_tensor_batch.items()}
+    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
+
+
+def collate_fn(x: list[DataProtoItem]) -> DataProto:
+    """Stack DataProtoItems (e.g. from a torch DataLoader over a DataProto) into a DataProto."""
+    if not x:
+        raise ValueError("collate_fn needs at least one DataProtoItem")
+    batch = torch.stack([item.batch for item in x]).contiguous() if x[0].batch is not None else None
+    non_tensor = {key: _to_object_array([item.non_tensor_batch[key] for item in x], key) for key in x[0].non_tensor_batch}
+    return DataProto(batch=batch, non_tensor_batch=non_tensor)
+
+
+def all_gather_data_proto(data: DataProto, process_group=None) -> DataProto:
+    """All-gather `data` over `process_group` in place (rank order) and return it.
+
+    Ranks may hold different row counts. Every rank must have the same keys, dtypes and trailing
+    shapes. Tensors travel as raw bytes, so every dtype works on gloo and nccl; with nccl they go
+    through the current CUDA device and come back to their original device. Non-tensor entries use
+    `all_gather_object`.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group=process_group)
+    comm_device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(process_group) == "nccl" else torch.device("cpu")
+    local = torch.tensor([len(data)], dtype=torch.int64, device=comm_device)
+    sizes_t = [torch.zeros_like(local) for _ in range(world)]
+    dist.all_gather(sizes_t, local, group=process_group)
+    sizes = [int(s.item()) for s in sizes_t]
+    longest = max(sizes)
+    if data.batch is not None:
+        gathered = {}
+        for key in sorted(data.batch.keys()):
+            tensor = data.batch.get(key)
+            origin = tensor.device
+            shape_rest = tuple(tensor.shape[1:])
+            raw = tensor.detach().to(comm_device).contiguous().reshape(len(data), -1).view(torch.uint8)
+            if raw.shape[0] < longest:
+                raw = torch.cat([raw, raw.new_zeros(longest - raw.shape[0], raw.shape[1])])
+            bufs = [torch.empty_like(raw) for _ in range(world)]
+            dist.all_gather(bufs, raw, group=process_group)
+            rows = torch.cat([b[:s] for b, s in zip(bufs, sizes)])
+            gathered[key] = rows.view(tensor.dtype).reshape(sum(sizes), *shape_rest).to(origin)
+        data.batch = TensorDict(gathered, batch_size=[sum(sizes)], device=data.batch.device)
+    if data.non_tensor_batch:
+        objs: list[Any] = [None] * world
+        dist.all_gather_object(objs, data.non_tensor_batch, group=process_group)
+        data.non_tensor_batch = {k: np.concatenate([o[k] for o in objs], axis=0) for k in sorted(data.non_tensor_batch)}
+    data.check_consistency()
+    return data
+
+
+# ----------------------------------------------------------------------------- futures
+
+
+class WorkerCallError(RuntimeError):
+    """A remote worker call failed: the worker raised, or its process died.
+
+    Attributes: ``label`` (which worker and method, e.g. ``"MyWorker.compute on rank 1"``),
+    ``rank`` (int or None) and ``method`` (str or None). The message holds the remote traceback.
+    """
+
+    def __init__(self, message: str, label: str = "", rank: int | None = None, method: str | None = None):
+        super().__init__(message)
+        self.label, self.rank, self.method = label, rank, method
+
+
+@dataclass(frozen=True)
+class _RefLabel:
+    """Who computes a Ray object ref: used to name the worker in error messages."""
+
+    text: str
+    rank: int | None = None
+    method: str | None = None
+
+
+def _ray_get_labeled(refs: list, labels: list | None = None, timeout: float | None = None) -> list:
+    """`ray.get` on `refs`, failing fast: the first ref that resolves to an error raises
+    WorkerCallError naming its label, without waiting for the others (which may be blocked in a
+    collective with the failed worker). `timeout` (seconds, None = no limit) bounds the whole wait
+    and raises TimeoutError naming the workers still running.
+    """
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    labels = list(labels) if labels is not None else [_RefLabel(f"result {i}") for i in range(len(refs))]
+    position = {ref: i for i, ref in enumerate(refs)}
+    results: list[Any] = [None] * len(refs)
+    pending = list(refs)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+        if not ready:
+            waiting = ", ".join(labels[position[r]].text for r in pending)
+            raise TimeoutError(f"no result after {timeout} s from: {waiting}")
+        for ref in ready:
+            i = position[ref]
+            label = labels[i]
+            try:
+                results[i] = ray.get(ref)
+            except RayTaskError as err:
+                raise WorkerCallError(f"{label.text} raised an exception:\n{err}", label.text, label.rank, label.method) from err
+            except RayActorError as err:
+                raise WorkerCallError(f"{label.text} failed: the worker process died ({type(err).__name__}: {err})", label.text, label.rank, label.method) from err
+            except GetTimeoutError:  # pragma: no cover - ray.wait said it is ready
+                raise
+    return results
+
+
+def _pick_chunk(data: DataProto, index: int, chunks: int) -> DataProto:
+    return data.chunk(chunks=chunks)[index]
+
+
+def _apply_in_order(data: Any, fns: tuple) -> Any:
+    for fn in fns:
+        data = fn(data)
+    return data
+
+
+@dataclass
+class DataProtoFuture:
+    """A DataProto still being computed by a worker group (``register(blocking=False)``).
+
+    ``futures`` are the Ray object refs of the per-worker outputs, ``collect_fn`` combines them
+    (`DataProto.concat`), ``dispatch_fn`` optionally picks a part of the result (set by `chunk`).
+    Pass it straight to another worker group's DP_COMPUTE_PROTO method: each receiving worker
+    resolves it itself, so the driver never waits for or copies the data. ``labels`` name the
+    producing workers for error messages.
+    """
+
+    collect_fn: Callable
+    futures: list
+    dispatch_fn: Callable | None = None
+    labels: list | None = None
+
+    @staticmethod
+    def concat(data: list, labels: list | None = None) -> DataProtoFuture:
+        """A future of the concatenation of the DataProtos behind the object refs `data`."""
+        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data), labels=labels)
+
+    def chunk(self, chunks: int) -> list[DataProtoFuture]:
+        """`chunks` futures; the i-th resolves to ``self.get().chunk(chunks)[i]``."""
+        if not isinstance(chunks, int) or chunks <= 0:
+            raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+        return [self.then(partial(_pick_chunk, index=i, chunks=chunks)) for i in range(chunks)]
+
+    def then(self, fn: Callable[[DataProto], DataProto]) -> DataProtoFuture:
+        """A future of ``fn(self.get())`` (fn must be picklable: it runs where the future is resolved)."""
+        steps = fn if self.dispatch_fn is None else partial(_apply_in_order, fns=(self.dispatch_fn, fn))
+        return DataProtoFuture(collect_fn=self.collect_fn, futures=self.futures, dispatch_fn=steps, labels=self.labels)
+
+    def get(self, timeout: float | None = None) -> DataProto:
+        """Wait for the outputs and combine them; a failed producer raises WorkerCallError naming it."""
+        outputs = _ray_get_labeled(self.futures, self.labels, timeout)
+        for i, out in enumerate(outputs):
+            if not isinstance(out, DataProto):
+                who = self.labels[i].text if self.labels else f"result {i}"
+                raise TypeError(f"{who} returned a {type(out).__name__}, but a DataProtoFuture needs DataProto outputs")
+        result = self.collect_fn(outputs)
+        if self.dispatch_fn is not None:
+            result = self.dispatch_fn(result)
+        return result
