@@ -651,7 +651,7 @@ def _finish(
 ) -> torch.Tensor:
     """Apply rollout IS weights (detached) to the per-token loss, then aggregate."""
     if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights.detach()
+        pg_losses = pg_losses * _valid_only(rollout_is_weights.detach(), response_mask)
     return agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor=config_get(config, "loss_scale_factor"))
 
 
@@ -663,6 +663,12 @@ def _metrics(clipfrac: Any, ppo_kl: Any, clipfrac_lower: Any, **extra: Any) -> d
     }
     out.update({k: _to_float(v) for k, v in extra.items()})
     return out
+
+
+def _valid_only(coef: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """A detached per-token coefficient with 0 on masked positions: a NaN there would otherwise
+    turn the (zero) upstream gradient into NaN through the product rule."""
+    return torch.where(response_mask.bool(), coef, torch.zeros((), dtype=coef.dtype, device=coef.device))
 
 
 def _clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
@@ -802,7 +808,7 @@ def compute_policy_loss_cispo(
     log_ratio = _clamped_log_ratio(log_prob, old_log_prob).detach()
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, 1.0 - low, 1.0 + high)
-    pg_losses = -weight * advantages * log_prob
+    pg_losses = -_valid_only(weight * advantages, response_mask) * log_prob
     clipfrac = verl_F.masked_mean((weight != ratio).float(), response_mask)
     ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
     pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
@@ -823,9 +829,10 @@ def compute_policy_loss_reinforce(
     """REINFORCE / vanilla policy gradient: per token `-A * log_prob`; with
     `policy_loss.pg_use_ratio=True` multiplied by the stop-gradient ratio (off-policy correction)."""
     log_ratio = _clamped_log_ratio(log_prob, old_log_prob).detach()
-    pg_losses = -advantages * log_prob
+    coef = advantages
     if bool(_loss_knob(config, "pg_use_ratio", False)):
-        pg_losses = pg_losses * torch.exp(log_ratio)
+        coef = coef * torch.exp(log_ratio)
+    pg_losses = -_valid_only(coef, response_mask) * log_prob
     ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
     pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, _metrics(0.0, ppo_kl, 0.0)
@@ -843,7 +850,7 @@ def compute_policy_loss_gpg(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GPG (group policy gradient): per token `-A * log_prob`, no ratio, no clip (pair it with the
     `gpg` advantage estimator)."""
-    pg_losses = -advantages * log_prob
+    pg_losses = -_valid_only(advantages, response_mask) * log_prob
     ppo_kl = verl_F.masked_mean((old_log_prob - log_prob).detach(), response_mask)
     pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, _metrics(0.0, ppo_kl, 0.0)
