@@ -14,12 +14,16 @@ sorted by length, which keeps rows of similar length together and the waste
 - `get_reverse_idx(idx_map)`: the permutation that restores the original order.
 - `get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)`: split rows across DP
   ranks so that every rank gets a similar total length (trainer's `balance_batch`).
+- `compact_rows(...)`: remove every row's padding (left-padded prompt, right-padded response,
+  any masked hole) and re-pad the rows on the right to the longest row of the micro-batch; the
+  `CompactRows.column_index` map finds the original columns (e.g. the response tokens) again.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -34,6 +38,8 @@ __all__ = [
     "karmarkar_karp",
     "greedy_partition",
     "log_seqlen_unbalance",
+    "CompactRows",
+    "compact_rows",
 ]
 
 
@@ -293,3 +299,64 @@ def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequen
         f"{prefix}/balanced_min": float(min(after)),
         f"{prefix}/balanced_max": float(max(after)),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# removing padding inside a micro-batch
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CompactRows:
+    """A micro-batch with every row's padding removed and rows re-padded on the right.
+
+    input_ids / position_ids: [m, T] (T = most valid tokens in one row); attention_mask: [m, T]
+    (1 on the first `lengths[i]` columns of row i), or None when every row is full (then models
+    use the cheaper pure-causal attention). `column_index`: [m, W] position of each original
+    column in the compact row (meaningful where the original attention mask is 1). Position ids
+    are the original ones, so the model computes exactly the same function of the valid tokens.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    position_ids: torch.Tensor
+    lengths: torch.Tensor
+    column_index: torch.Tensor
+    valid: torch.Tensor
+
+    @property
+    def token_slots(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def valid_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+def compact_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, pad_token_id: int = 0) -> CompactRows:
+    """Remove the padding of each row (see `CompactRows`).
+
+    Args:
+        input_ids: [m, W] token ids (left-padded prompt + right-padded response, or any layout).
+        attention_mask: [m, W] 1 on tokens, 0 on padding (holes are allowed and dropped).
+        position_ids: [m, W] position ids of the padded layout.
+        pad_token_id: id written in the compact padding (masked out, so any id works).
+    """
+    if position_ids.dim() != 2:
+        raise NotImplementedError(f"compact_rows: position_ids of shape {tuple(position_ids.shape)} (multi-axis rope) are not supported; set model.use_remove_padding=False")
+    valid = attention_mask.bool()
+    lengths = valid.sum(dim=-1)
+    width = max(int(lengths.max()) if lengths.numel() else 0, 1)
+    column_index = valid.long().cumsum(dim=-1) - 1
+    rows, cols = valid.nonzero(as_tuple=True)
+    dest = column_index[rows, cols]
+    m = input_ids.shape[0]
+    ids = torch.full((m, width), pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
+    ids[rows, dest] = input_ids[rows, cols]
+    pos = torch.zeros((m, width), dtype=position_ids.dtype, device=position_ids.device)
+    pos[rows, dest] = position_ids[rows, cols]
+    if bool((lengths == width).all()):
+        mask = None
+    else:
+        mask = (torch.arange(width, device=input_ids.device).unsqueeze(0) < lengths.unsqueeze(1)).to(attention_mask.dtype)
+    return CompactRows(ids, mask, pos, lengths, column_index.clamp(min=0), valid)

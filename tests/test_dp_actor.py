@@ -1,0 +1,228 @@
+"""DataParallelPPOActor on one process: log-probs equal a plain transformers forward, gradient
+accumulation is exact for every aggregation mode and micro-batch split, the first update has
+ratio 1, KL/entropy terms, non-finite guards."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_workers_common import PROMPTS, RESPONSES, build_tiny_llama, make_batch, reference_log_probs
+
+from verl.protocol import DataProto
+from verl.trainer.ppo import core_algos
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.config import ActorConfig
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    path = build_tiny_llama(str(tmp_path_factory.mktemp("tiny_actor")))
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    return path, tok, model
+
+
+def _data(tok, advantages_seed=0, n_groups=4):
+    batch = make_batch(tok, PROMPTS, RESPONSES, prompt_len=8, resp_len=6)
+    g = torch.Generator().manual_seed(advantages_seed)
+    batch["advantages"] = torch.randn(batch["responses"].shape, generator=g) * batch["response_mask"]
+    uid = np.array([f"p{i % n_groups}" for i in range(len(PROMPTS))], dtype=object)
+    return batch, uid
+
+
+def _actor(model, lr=1.0, optimizer="sgd", **cfg):
+    model = copy.deepcopy(model)
+    base = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, loss_scale_factor=6.0, grad_clip=1e9, clip_ratio=0.2)
+    base.update(cfg)
+    config = ActorConfig(**base)
+    opt = torch.optim.SGD(model.parameters(), lr=lr) if optimizer == "sgd" else torch.optim.AdamW(model.parameters(), lr=lr)
+    return DataParallelPPOActor(config, model, opt), model
+
+
+def _proto(batch, uid, **meta):
+    return DataProto.from_dict(tensors=dict(batch), non_tensors={"uid": uid}, meta_info=meta)
+
+
+@pytest.mark.parametrize("use_remove_padding", [True, False])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_compute_log_prob_matches_plain_forward(tiny, use_remove_padding, temperature):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    actor, _ = _actor(model)
+    actor.use_remove_padding = use_remove_padding
+    data = _proto(batch, uid, micro_batch_size=3, temperature=temperature)
+    lp, ent = actor.compute_log_prob(data, calculate_entropy=True)
+    ref = reference_log_probs(model, batch, temperature)
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=0)
+    assert ent.shape == lp.shape and torch.all(ent[batch["response_mask"] == 0] == 0)
+    assert torch.all(ent[batch["response_mask"] == 1] > 0)
+    if use_remove_padding:
+        # compacting removes most padding: 8 rows of 2..12 valid tokens in a 14-wide layout
+        assert actor.last_padding_stats["padding_waste"] < 0.25
+
+
+def test_dynamic_batch_log_prob_matches_and_restores_order(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    actor, _ = _actor(model)
+    data = _proto(batch, uid, use_dynamic_bsz=True, max_token_len=20)
+    lp, _ = actor.compute_log_prob(data)
+    torch.testing.assert_close(lp, reference_log_probs(model, batch), atol=1e-5, rtol=0)
+    assert actor.last_padding_stats["num_micro_batches"] >= 3
+
+
+def _reference_step(model, batch, uid, mode, lr=1.0, entropy_coeff=0.0, kl_coef=0.0, ref_lp=None):
+    """Parameters after one SGD step on the full-batch loss computed with a plain padded forward."""
+    model = copy.deepcopy(model)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
+    resp_logits = logits[:, -batch["responses"].shape[1] - 1 : -1]
+    lp = torch.log_softmax(resp_logits, -1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    mask = batch["response_mask"]
+    group_tokens = core_algos.compute_group_num_tokens(mask, uid) if mode == "prompt-mean" else None
+    cfg = ActorConfig(loss_scale_factor=6.0, loss_agg_mode=mode)
+    if mode == "prompt-mean":  # the full batch: D_g of each row, number of groups from the rows
+        with core_algos.global_batch_info(group_num_tokens=group_tokens):
+            pg_loss, _ = core_algos.compute_policy_loss_vanilla(batch["old_log_probs"], lp, batch["advantages"], mask, mode, cfg)
+    else:
+        pg_loss, _ = core_algos.compute_policy_loss_vanilla(batch["old_log_probs"], lp, batch["advantages"], mask, mode, cfg)
+    loss = pg_loss
+    if entropy_coeff:
+        ent = torch.distributions.Categorical(logits=resp_logits).entropy()
+        loss = loss - entropy_coeff * core_algos.agg_loss(ent, mask, mode, loss_scale_factor=6.0)
+    if kl_coef:
+        kl = core_algos.kl_penalty(lp, ref_lp, "low_var_kl")
+        loss = loss + kl_coef * core_algos.agg_loss(kl, mask, mode, loss_scale_factor=6.0)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+    return model
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"])
+def test_micro_batch_splits_give_the_same_update(tiny, mode):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    batch["old_log_probs"] = reference_log_probs(model, batch) - 0.05 * batch["response_mask"]  # ratio != 1: clip active
+    expected = _reference_step(model, batch, uid, mode)
+    for split in ({"ppo_micro_batch_size_per_gpu": 1}, {"ppo_micro_batch_size_per_gpu": 4}, {"ppo_micro_batch_size_per_gpu": 8},
+                  {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 24}):
+        actor, updated = _actor(model, loss_agg_mode=mode, **split)
+        metrics = actor.update_policy(_proto(batch, uid, temperature=1.0))
+        assert metrics["actor/nonfinite_loss_skipped"] == [0.0]
+        for (name, p), q in zip(updated.named_parameters(), expected.parameters()):
+            torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=f"{mode} {split}: parameter {name} differs")
+
+
+def test_first_update_has_ratio_one_and_no_clipping(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    actor, _ = _actor(model, optimizer="adamw", lr=1e-3, ppo_micro_batch_size_per_gpu=4)
+    old, _ = actor.compute_log_prob(_proto(batch, uid, micro_batch_size=4, temperature=1.0))
+    batch["old_log_probs"] = old
+    metrics = actor.update_policy(_proto(batch, uid, temperature=1.0))
+    assert metrics["actor/ppo_kl"] == [0.0]
+    assert metrics["actor/pg_clipfrac"] == [0.0]
+    assert metrics["actor/pg_clipfrac_lower"] == [0.0]
+    assert metrics["actor/grad_norm"][0] > 0 and math.isfinite(metrics["actor/grad_norm"][0])
+    assert metrics["actor/lr"] == [1e-3]
+
+
+def test_use_current_as_old_log_prob_equals_recomputed_old(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    a1, m1 = _actor(model, ppo_micro_batch_size_per_gpu=4)
+    old, _ = a1.compute_log_prob(_proto(batch, uid, micro_batch_size=4))
+    b1 = dict(batch, old_log_probs=old)
+    metrics1 = a1.update_policy(_proto(b1, uid))
+    a2, m2 = _actor(model, ppo_micro_batch_size_per_gpu=4)
+    metrics2 = a2.update_policy(_proto(batch, uid, use_current_as_old_log_prob=True))
+    assert metrics2["actor/ppo_kl"] == [0.0] and metrics2["actor/pg_clipfrac"] == [0.0]
+    torch.testing.assert_close(a2.last_old_log_probs, old, atol=1e-6, rtol=0)
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+    assert metrics1["actor/pg_loss"][0] == pytest.approx(metrics2["actor/pg_loss"][0], abs=1e-6)
+
+
+def test_use_current_rejects_several_mini_batches(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    actor, _ = _actor(model, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4)
+    with pytest.raises(ValueError, match="one mini-batch and one epoch"):
+        actor.update_policy(_proto(batch, uid, use_current_as_old_log_prob=True))
+
+
+def test_entropy_and_kl_terms_match_reference(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    batch["old_log_probs"] = reference_log_probs(model, batch)
+    batch["ref_log_prob"] = batch["old_log_probs"] + 0.1 * torch.randn(batch["responses"].shape) * batch["response_mask"]
+    expected = _reference_step(model, batch, uid, "token-mean", entropy_coeff=0.01, kl_coef=0.5, ref_lp=batch["ref_log_prob"])
+    actor, updated = _actor(model, ppo_micro_batch_size_per_gpu=3, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.5)
+    metrics = actor.update_policy(_proto(batch, uid))
+    assert metrics["actor/kl_loss"][0] > 0 and metrics["actor/entropy"][0] > 0
+    for p, q in zip(updated.parameters(), expected.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+
+
+def test_mini_batches_and_epochs_give_one_step_each(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    batch["old_log_probs"] = reference_log_probs(model, batch)
+    actor, _ = _actor(model, optimizer="adamw", lr=1e-2, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=2)
+    metrics = actor.update_policy(_proto(batch, uid))
+    assert len(metrics["actor/grad_norm"]) == 4 and len(metrics["actor/pg_loss"]) == 4
+    # after the first step the policy moved: later steps see ratio != 1
+    assert abs(metrics["actor/ppo_kl"][0]) < 1e-6 and max(abs(x) for x in metrics["actor/ppo_kl"][1:]) > 1e-4
+
+
+def test_non_finite_loss_is_skipped_and_counted(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    batch["old_log_probs"] = reference_log_probs(model, batch)
+    batch["advantages"][0, 0] = float("nan")
+    actor, updated = _actor(model, ppo_micro_batch_size_per_gpu=1)
+    metrics = actor.update_policy(_proto(batch, uid))
+    assert metrics["actor/nonfinite_loss_skipped"] == [1.0]
+    assert all(torch.isfinite(p).all() for p in updated.parameters())
+    assert math.isfinite(metrics["actor/grad_norm"][0])
+
+
+def test_non_finite_grad_norm_skips_the_step(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    batch["old_log_probs"] = reference_log_probs(model, batch)
+    actor, updated = _actor(model)
+    before = [p.detach().clone() for p in updated.parameters()]
+    handle = updated.lm_head.weight.register_hook(lambda g: torch.full_like(g, float("inf")))
+    try:
+        metrics = actor.update_policy(_proto(batch, uid))
+    finally:
+        handle.remove()
+    assert metrics["actor/nonfinite_grad_skipped_steps"] == [1.0]
+    assert all(torch.equal(a, b) for a, b in zip(before, updated.parameters()))
+
+
+def test_rollout_correction_from_meta_info(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    batch["old_log_probs"] = reference_log_probs(model, batch)
+    batch["rollout_log_probs"] = batch["old_log_probs"] - 0.3 * batch["response_mask"]  # rollout less likely: IS weight e^0.3
+    rc = {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": None}
+    actor, updated = _actor(model)
+    metrics = actor.update_policy(_proto(batch, uid, rollout_correction=rc))
+    assert metrics["rollout_corr/is_weight_mean"][0] == pytest.approx(math.exp(0.3), rel=1e-4)
+    assert metrics["rollout_corr/kl_k1"][0] == pytest.approx(-0.3, abs=1e-5) or metrics["rollout_corr/kl_k1"][0] == pytest.approx(0.3, abs=1e-5)
+    # same as passing the weights explicitly
+    actor2, updated2 = _actor(model)
+    batch2 = dict(batch, rollout_is_weights=torch.full(batch["responses"].shape, math.exp(0.3)) * batch["response_mask"])
+    actor2.update_policy(_proto(batch2, uid))
+    for p, q in zip(updated.parameters(), updated2.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0)

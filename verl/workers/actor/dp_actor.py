@@ -1,0 +1,508 @@
+"""`DataParallelPPOActor`: the policy engine over an FSDP2-sharded (or single-process) causal LM.
+
+Data layout (upstream contract). A batch row is a left-padded prompt followed by a right-padded
+response: `input_ids`, `attention_mask`, `position_ids` are [b, P + R], `responses` and
+`response_mask` are [b, R]. Log-probabilities, entropies and advantages live on the response
+columns only ([b, R]); positions where the response mask is 0 hold 0.
+
+Padding is not computed. Each micro-batch is built from rows of similar length (rows sorted by
+valid length, see `verl.utils.seqlen_balancing.plan_micro_batches`), and each row's padding is
+removed (`compact_rows`): the model runs on [m, longest valid row of the micro-batch] with the
+original position ids, which is the same function of the valid tokens as the padded forward.
+`padding_waste` in the metrics is the share of computed token slots that are padding. With
+`use_remove_padding=False` the padded rows are fed as they are (reference path).
+
+Temperature. The rollout samples from softmax(logits / T) and reports log-probs under that
+distribution; `compute_log_prob` and `update_policy` divide the logits by the same T
+(`meta_info["temperature"]`, default 1.0), so rollout, old and current log-probs are all of the
+same distribution. Top-k / top-p truncation is not applied to log-probs (as upstream).
+
+Loss (per mini-batch, summed over micro-batches without any 1/n_micro factor):
+`policy_loss - entropy_coeff * agg(entropy) + kl_loss_coef * agg(kl(logp, ref_logp))`, where every
+`agg` is `core_algos.agg_loss` under `core_algos.global_batch_info` holding the mini-batch totals
+over all data-parallel ranks, so every aggregation mode gives exactly the full mini-batch loss and
+gradient whatever the micro-batch split and world size.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import verl.utils.torch_functional as verl_F
+from verl.trainer.ppo import core_algos
+from verl.utils.fsdp_utils import autocast_context, clip_grad_norm_
+from verl.utils.seqlen_balancing import compact_rows, plan_micro_batches
+from verl.workers.actor.base import BasePPOActor
+
+__all__ = ["DataParallelPPOActor"]
+
+logger = logging.getLogger(__name__)
+
+_MODEL_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
+
+
+def _group_size(group) -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group)
+    return 1
+
+
+def _reduce_device(group) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class _Meter:
+    """Per-optimizer-step metrics, reduced over data-parallel ranks in one collective at the end.
+
+    - `add_sum(name, v)`: values whose sum over micro-batches and ranks is the mini-batch value
+      (loss shares).
+    - `add_weighted(name, v, w)`: weighted means (token-weighted clip fractions, KL...).
+    - `set(name, v)`: values already identical on every rank (grad norm, lr, counters).
+    """
+
+    def __init__(self):
+        self.steps: list[dict[str, Any]] = []
+
+    def new_step(self):
+        self.steps.append({"sum": defaultdict(float), "wsum": defaultdict(float), "w": defaultdict(float), "set": {}})
+
+    def add_sum(self, name, value):
+        self.steps[-1]["sum"][name] += float(value)
+
+    def add_weighted(self, name, value, weight):
+        self.steps[-1]["wsum"][name] += float(value) * float(weight)
+        self.steps[-1]["w"][name] += float(weight)
+
+    def set(self, name, value):
+        self.steps[-1]["set"][name] = float(value)
+
+    def reduce(self, group, dp_size: int) -> dict[str, list[float]]:
+        sum_names = sorted({k for s in self.steps for k in s["sum"]})
+        w_names = sorted({k for s in self.steps for k in s["w"]})
+        rows = []
+        for s in self.steps:
+            rows.append([s["sum"].get(k, 0.0) for k in sum_names] + [s["wsum"].get(k, 0.0) for k in w_names] + [s["w"].get(k, 0.0) for k in w_names])
+        table = torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros((0, 0), dtype=torch.float64)
+        if dp_size > 1 and table.numel():
+            t = table.to(_reduce_device(group))
+            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+            table = t.cpu()
+        out: dict[str, list[float]] = defaultdict(list)
+        n_sum, n_w = len(sum_names), len(w_names)
+        for i, s in enumerate(self.steps):
+            for j, k in enumerate(sum_names):
+                out[k].append(float(table[i, j]))
+            for j, k in enumerate(w_names):
+                weight = float(table[i, n_sum + n_w + j])
+                if weight > 0:
+                    out[k].append(float(table[i, n_sum + j]) / weight)
+            for k, v in s["set"].items():
+                out[k].append(v)
+        return dict(out)
+
+
+class DataParallelPPOActor(BasePPOActor):
+    """PPO policy engine (upstream name and constructor).
+
+    Args:
+        config: `ActorConfig` whose `ppo_mini_batch_size` is already *per rank in sequences*
+            (the worker multiplies by rollout.n and divides by the data-parallel size) and whose
+            `loss_scale_factor` is filled (the worker sets it to the response length when null).
+        actor_module: the causal LM (FSDP2-sharded or plain).
+        actor_optimizer: its optimizer (None for a reference policy that only computes log-probs).
+        process_group: the data-parallel group (None = the default group, if any).
+        compute_dtype: autocast dtype (None = full precision), see `fsdp_utils.resolve_compute_dtype`.
+        use_remove_padding: drop padding inside micro-batches (default) or feed padded rows.
+        pad_token_id: id used for the compact padding (masked out).
+    """
+
+    def __init__(
+        self,
+        config,
+        actor_module: torch.nn.Module,
+        actor_optimizer: torch.optim.Optimizer | None = None,
+        process_group=None,
+        compute_dtype: torch.dtype | None = None,
+        use_remove_padding: bool = True,
+        pad_token_id: int = 0,
+    ):
+        super().__init__(config)
+        self.actor_module = actor_module
+        self.actor_optimizer = actor_optimizer
+        self.process_group = process_group
+        self.dp_size = _group_size(process_group)
+        self.compute_dtype = compute_dtype
+        self.use_remove_padding = use_remove_padding
+        self.pad_token_id = int(pad_token_id or 0)
+        self.device_type = "cuda" if next(actor_module.parameters()).device.type == "cuda" else "cpu"
+        self.last_padding_stats: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------
+    # forward
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.actor_module.parameters()).device
+
+    def _forward_micro_batch(self, micro, temperature: float, calculate_entropy: bool = False):
+        """Log-probs (and entropies) of the response tokens of one micro-batch.
+
+        Args:
+            micro: mapping with `responses` [m, R], `input_ids`, `attention_mask`, `position_ids`
+                [m, P + R].
+            temperature: logits are divided by it before the softmax.
+        Returns:
+            (entropy [m, R] or None, log_probs [m, R]); 0 where the response token is padding.
+            Also returns the (valid tokens, token slots) of the forward for the padding metric.
+        """
+        device = self._device
+        responses = micro["responses"].to(device)
+        input_ids = micro["input_ids"].to(device)
+        attention_mask = micro["attention_mask"].to(device)
+        position_ids = micro["position_ids"].to(device)
+        resp_len = responses.shape[-1]
+        prompt_width = input_ids.shape[-1] - resp_len
+        resp_valid = attention_mask[:, prompt_width:].bool()
+
+        with autocast_context(self.device_type, self.compute_dtype):
+            if self.use_remove_padding:
+                packed = compact_rows(input_ids, attention_mask, position_ids, self.pad_token_id)
+                logits = self.actor_module(
+                    input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids, use_cache=False
+                ).logits
+                # the logit that predicts the token at compact position t sits at t - 1
+                target = packed.column_index[:, prompt_width:] - 1
+                resp_valid = resp_valid & (target >= 0)
+                target = target.clamp(min=0)
+                resp_logits = torch.gather(logits, 1, target.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+                slots, valid_tokens = packed.token_slots, packed.valid_tokens
+            else:
+                logits = self.actor_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+                resp_logits = logits[:, prompt_width - 1 : -1]
+                slots, valid_tokens = input_ids.numel(), int(attention_mask.sum())
+        resp_logits = resp_logits.float()
+        if temperature != 1.0:
+            resp_logits = resp_logits / temperature
+        log_probs = verl_F.logprobs_from_logits(resp_logits, responses)
+        zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
+        log_probs = torch.where(resp_valid, log_probs, zero)
+        entropy = None
+        if calculate_entropy:
+            if self.config.get("entropy_from_logits_with_chunking", False):
+                entropy = verl_F.entropy_from_logits_with_chunking(resp_logits)
+            else:
+                entropy = verl_F.entropy_from_logits(resp_logits)
+            entropy = torch.where(resp_valid, entropy, zero)
+        return entropy, log_probs, (valid_tokens, slots)
+
+    def _plan(self, batch, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None) -> list[list[int]]:
+        mask = batch["attention_mask"]
+        if self.use_remove_padding:
+            lengths = mask.sum(-1).tolist()
+        else:
+            lengths = [mask.shape[-1]] * mask.shape[0]
+        if use_dynamic_bsz:
+            if not max_token_len:
+                raise ValueError("use_dynamic_bsz=True needs a token budget (ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu)")
+            return plan_micro_batches(lengths, max_token_len=int(max_token_len), dp_group=self.process_group)
+        size = int(micro_batch_size) if micro_batch_size else len(lengths)
+        return plan_micro_batches(lengths, micro_batch_size=size, sort_by_length=self.use_remove_padding)
+
+    # ------------------------------------------------------------------------------------------
+    # compute_log_prob
+    # ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_log_prob(self, data, calculate_entropy: bool = False):
+        """Log-probs of `data.batch["responses"]` under the current policy.
+
+        meta_info: `micro_batch_size` (rows per forward), or `use_dynamic_bsz` with
+        `max_token_len` (token budget per forward); `temperature` (default 1.0).
+        Returns:
+            log_probs [b, R] (and entropys [b, R] when `calculate_entropy`, else None), in the
+            row order of `data`.
+        """
+        meta = data.meta_info
+        temperature = float(meta.get("temperature", 1.0))
+        batch = data.batch.select(*_MODEL_INPUTS)
+        groups = self._plan(batch, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len"))
+        was_training = self.actor_module.training
+        self.actor_module.eval()
+        n, resp_len = batch["responses"].shape
+        log_probs = torch.zeros((n, resp_len), dtype=torch.float32)
+        entropys = torch.zeros((n, resp_len), dtype=torch.float32) if calculate_entropy else None
+        valid_sum = slot_sum = 0
+        try:
+            for group in groups:
+                idx = torch.tensor(group, dtype=torch.long)
+                entropy, lp, (valid, slots) = self._forward_micro_batch(batch[idx], temperature, calculate_entropy)
+                log_probs[idx] = lp.float().cpu()
+                if calculate_entropy:
+                    entropys[idx] = entropy.float().cpu()
+                valid_sum += valid
+                slot_sum += slots
+        finally:
+            self.actor_module.train(was_training)
+        self.last_padding_stats = {
+            "valid_tokens": float(valid_sum),
+            "token_slots": float(slot_sum),
+            "padding_waste": 1.0 - valid_sum / slot_sum if slot_sum else 0.0,
+            "num_micro_batches": float(len(groups)),
+        }
+        return log_probs, entropys
+
+    # ------------------------------------------------------------------------------------------
+    # update_policy
+    # ------------------------------------------------------------------------------------------
+
+    def _loss_stats(self, response_mask: torch.Tensor, uid) -> core_algos.BatchLossStats:
+        """Aggregation denominators of a mini-batch, summed over the data-parallel ranks."""
+        local = core_algos.compute_batch_loss_stats(response_mask, uid)
+        if self.dp_size == 1:
+            return local
+        if uid is not None:
+            gathered = [None] * self.dp_size
+            dist.all_gather_object(gathered, local, group=self.process_group)
+            return core_algos.merge_batch_loss_stats(gathered)
+        t = torch.tensor([local.num_tokens, local.num_seqs], dtype=torch.int64, device=_reduce_device(self.process_group))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
+        return core_algos.BatchLossStats(num_tokens=int(t[0]), num_seqs=int(t[1]))
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        finite = bool(torch.isfinite(loss).all())
+        if self.dp_size == 1:
+            return finite
+        # every rank must take the same branch: backward runs FSDP collectives
+        t = torch.tensor([1 if finite else 0], dtype=torch.int64, device=_reduce_device(self.process_group))
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.process_group)
+        return bool(t.item())
+
+    def update_policy(self, data) -> dict[str, list[float]]:
+        """PPO update: `ppo_epochs` x mini-batches (one optimizer step each) x micro-batches.
+
+        Batch keys: `responses`, `response_mask`, `input_ids`, `attention_mask`, `position_ids`,
+        `advantages`, `old_log_probs` (unless `meta_info["use_current_as_old_log_prob"]`),
+        `ref_log_prob` (with `use_kl_loss`), optional `rollout_log_probs`, `rollout_is_weights`.
+        non_tensor_batch: `uid` (needed by `prompt-mean`).
+        meta_info: `temperature`; `micro_batch_size` / `use_dynamic_bsz` + `max_token_len`
+        (default: the config's ppo_* values); `use_current_as_old_log_prob` (valid only with one
+        mini-batch and one epoch: the detached current log-prob is the old one, ratio exactly 1);
+        `rollout_correction` (the `algorithm.rollout_correction` config: rollout IS weights /
+        rejection are computed here from `old_log_probs` and `rollout_log_probs`, unless the batch
+        already holds `rollout_is_weights`).
+
+        Returns:
+            metrics: name -> list with one value per optimizer step (reduced over ranks).
+            With `use_current_as_old_log_prob`, `self.last_old_log_probs` / `last_entropys` hold
+            the detached log-probs [b, R] in the row order of `data`.
+        """
+        cfg = self.config
+        if self.actor_optimizer is None:
+            raise RuntimeError("update_policy called on an actor without optimizer (reference policy?)")
+        meta = data.meta_info
+        temperature = float(meta.get("temperature", 1.0))
+        use_current = bool(meta.get("use_current_as_old_log_prob", False))
+        rc_config = meta.get("rollout_correction")
+        micro_batch_size = meta.get("micro_batch_size", cfg.ppo_micro_batch_size_per_gpu)
+        use_dynamic_bsz = bool(meta.get("use_dynamic_bsz", cfg.use_dynamic_bsz))
+        max_token_len = meta.get("max_token_len", cfg.ppo_max_token_len_per_gpu)
+        if not use_dynamic_bsz and micro_batch_size is None:
+            raise ValueError("actor.ppo_micro_batch_size_per_gpu is null and use_dynamic_bsz is False: set one of them")
+
+        keys = list(_MODEL_INPUTS) + ["response_mask", "advantages"]
+        if not use_current:
+            if "old_log_probs" not in data.batch.keys():
+                raise KeyError("update_actor: the batch has no 'old_log_probs'; compute them first or set meta_info['use_current_as_old_log_prob']=True")
+            keys.append("old_log_probs")
+        if cfg.use_kl_loss:
+            if "ref_log_prob" not in data.batch.keys():
+                raise KeyError("actor.use_kl_loss=True but the batch has no 'ref_log_prob' (is the reference policy enabled?)")
+            keys.append("ref_log_prob")
+        for optional in ("rollout_log_probs", "rollout_is_weights"):
+            if optional in data.batch.keys():
+                keys.append(optional)
+        batch = data.batch.select(*keys)
+        prompt_mean = cfg.loss_agg_mode == "prompt-mean"
+        uid = data.non_tensor_batch.get("uid")
+        if prompt_mean and uid is None:
+            raise KeyError("actor.loss_agg_mode=prompt-mean needs the prompt ids: non_tensor_batch['uid'] is missing")
+        if uid is not None:
+            uid = np.asarray(uid)
+        has_weights = "rollout_is_weights" in batch.keys()
+        has_rollout_lp = "rollout_log_probs" in batch.keys()
+        if rc_config is not None and not has_weights and not has_rollout_lp:
+            raise KeyError("meta_info['rollout_correction'] is set but the batch has no 'rollout_log_probs' (rollout.calculate_log_probs=True)")
+        rs_mode = (rc_config.get("rollout_rs") if hasattr(rc_config, "get") else getattr(rc_config, "rollout_rs", None)) if rc_config is not None else None
+        if use_current and rc_config is not None and not has_weights and rs_mode is not None:
+            raise ValueError(
+                f"algorithm.rollout_correction.rollout_rs={rs_mode!r} rejects tokens by the learner's old log-probs, which "
+                "must be known before the loss denominators: compute old_log_probs (do not use use_current_as_old_log_prob)"
+            )
+
+        n = batch.batch_size[0]
+        mini = int(cfg.ppo_mini_batch_size)
+        if n % mini:
+            raise ValueError(
+                f"update_actor got {n} rows on this rank, not a multiple of the per-rank mini-batch of {mini} sequences "
+                "(actor.ppo_mini_batch_size x rollout.n / data-parallel size)"
+            )
+        num_mini = n // mini
+        if use_current and (cfg.ppo_epochs != 1 or num_mini != 1):
+            raise ValueError(
+                f"use_current_as_old_log_prob is exact only with one mini-batch and one epoch; got {num_mini} "
+                f"mini-batches (rows {n} / mini-batch {mini}) and actor.ppo_epochs={cfg.ppo_epochs}"
+            )
+
+        policy_loss_fn = core_algos.get_policy_loss_fn(core_algos.config_get(cfg.policy_loss, "loss_mode", "vanilla"))
+        calc_entropy = cfg.entropy_coeff != 0
+        meter = _Meter()
+        self.actor_module.train()
+        params = [p for p in self.actor_module.parameters() if p.requires_grad]
+        resp_len = batch["responses"].shape[-1]
+        last_old = torch.zeros((n, resp_len), dtype=torch.float32) if use_current else None
+        last_ent = torch.zeros((n, resp_len), dtype=torch.float32) if use_current else None
+        skipped_micro = 0
+        skipped_steps = 0
+        valid_sum = slot_sum = 0
+
+        for epoch in range(cfg.ppo_epochs):
+            if cfg.shuffle:
+                gen = torch.Generator().manual_seed(int(cfg.data_loader_seed) + epoch)
+                order = torch.randperm(n, generator=gen)
+            else:
+                order = torch.arange(n)
+            for k in range(num_mini):
+                rows = order[k * mini : (k + 1) * mini]
+                mb = batch[rows]
+                mb_uid = uid[rows.numpy()] if uid is not None else None
+                meter.new_step()
+                rc_metrics: dict[str, float] = {}
+                if rc_config is not None and not has_weights and not use_current:
+                    weights, new_mask, rc_metrics = _rollout_correction(mb["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"], rc_config)
+                    mb["response_mask"] = new_mask.to(mb["response_mask"].dtype)
+                    if weights is not None:
+                        mb["rollout_is_weights"] = weights
+                elif has_rollout_lp and not use_current and epoch == 0:
+                    rc_metrics = _mismatch_metrics(mb["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"])
+                stats = self._loss_stats(mb["response_mask"], mb_uid if prompt_mean else None)
+                groups = self._plan(mb, micro_batch_size, use_dynamic_bsz, max_token_len)
+                self.actor_optimizer.zero_grad(set_to_none=True)
+                contributed = 0
+                for group in groups:
+                    gidx = torch.tensor(group, dtype=torch.long)
+                    micro = mb[gidx]
+                    mask = micro["response_mask"].to(self._device)
+                    n_tok = float(mask.sum())
+                    entropy, log_prob, (valid, slots) = self._forward_micro_batch(micro, temperature, calc_entropy)
+                    valid_sum += valid
+                    slot_sum += slots
+                    if use_current:
+                        old_log_prob = log_prob.detach()
+                        last_old[rows[gidx]] = old_log_prob.float().cpu()
+                        if entropy is not None:
+                            last_ent[rows[gidx]] = entropy.detach().float().cpu()
+                    else:
+                        old_log_prob = micro["old_log_probs"].to(self._device)
+                    advantages = micro["advantages"].to(self._device)
+                    weights = micro["rollout_is_weights"].to(self._device) if "rollout_is_weights" in micro.keys() else None
+                    if use_current and rc_config is not None and weights is None:
+                        weights, _, micro_rc = _rollout_correction(old_log_prob, micro["rollout_log_probs"].to(self._device), mask, rc_config)
+                        for name, value in micro_rc.items():
+                            meter.add_weighted(name, value, n_tok)
+                    elif use_current and has_rollout_lp:
+                        for name, value in _mismatch_metrics(old_log_prob, micro["rollout_log_probs"].to(self._device), mask).items():
+                            meter.add_weighted(name, value, n_tok)
+
+                    info = core_algos.make_global_batch_info(
+                        stats,
+                        index=mb_uid[group] if prompt_mean else None,
+                        dp_size=self.dp_size,
+                        loss_scale_factor=cfg.loss_scale_factor,
+                        device=self._device,
+                    )
+                    with core_algos.global_batch_info(**info):
+                        pg_loss, pg_metrics = core_algos.unpack_policy_loss_output(
+                            policy_loss_fn(
+                                old_log_prob=old_log_prob,
+                                log_prob=log_prob,
+                                advantages=advantages,
+                                response_mask=mask,
+                                loss_agg_mode=cfg.loss_agg_mode,
+                                config=cfg,
+                                rollout_is_weights=weights,
+                            )
+                        )
+                        loss = pg_loss
+                        if calc_entropy:
+                            entropy_term = core_algos.agg_loss(entropy, mask, cfg.loss_agg_mode)
+                            loss = loss - cfg.entropy_coeff * entropy_term
+                        if cfg.use_kl_loss:
+                            ref = micro["ref_log_prob"].to(self._device)
+                            kl = core_algos.kl_penalty(log_prob, ref, cfg.kl_loss_type)
+                            kl_term = core_algos.agg_loss(kl, mask, cfg.loss_agg_mode)
+                            loss = loss + cfg.kl_loss_coef * kl_term
+                    if not self._all_finite(loss):
+                        skipped_micro += 1
+                        logger.warning("actor: non-finite loss in a micro-batch; skipped (not back-propagated)")
+                        continue
+                    loss.backward()
+                    contributed += 1
+                    # shares carry a dp_size factor (FSDP averages gradients); undo it for the values
+                    meter.add_sum("actor/pg_loss", pg_loss.item() / self.dp_size)
+                    meter.add_sum("actor/loss", loss.item() / self.dp_size)
+                    if calc_entropy:
+                        meter.add_sum("actor/entropy", entropy_term.item() / self.dp_size)
+                    if cfg.use_kl_loss:
+                        meter.add_sum("actor/kl_loss", kl_term.item() / self.dp_size)
+                    for name, value in pg_metrics.items():
+                        meter.add_weighted(name, value, n_tok)
+                local_tokens = float(mb["response_mask"].sum())
+                for name, value in rc_metrics.items():
+                    meter.add_weighted(name, value, local_tokens)
+
+                if contributed == 0:
+                    skipped_steps += 1
+                    meter.set("actor/grad_norm", float("nan"))
+                    continue
+                grad_norm = clip_grad_norm_(params, cfg.grad_clip)
+                meter.set("actor/grad_norm", float(grad_norm))
+                meter.set("actor/lr", self.actor_optimizer.param_groups[0]["lr"])
+                if not torch.isfinite(grad_norm):
+                    skipped_steps += 1
+                    logger.warning("actor: grad norm is %s; optimizer step skipped", float(grad_norm))
+                    self.actor_optimizer.zero_grad(set_to_none=True)
+                    continue
+                self.actor_optimizer.step()
+        self.actor_optimizer.zero_grad(set_to_none=True)
+
+        metrics = meter.reduce(self.process_group, self.dp_size)
+        if cfg.use_kl_loss:
+            metrics["actor/kl_coef"] = [float(cfg.kl_loss_coef)]
+        metrics["actor/nonfinite_loss_skipped"] = [float(skipped_micro)]
+        metrics["actor/nonfinite_grad_skipped_steps"] = [float(skipped_steps)]
+        metrics["actor/padding_waste"] = [1.0 - valid_sum / slot_sum if slot_sum else 0.0]
+        self.last_padding_stats = {"valid_tokens": float(valid_sum), "token_slots": float(slot_sum), "padding_waste": metrics["actor/padding_waste"][0]}
+        self.last_old_log_probs = last_old
+        self.last_entropys = last_ent if calc_entropy else None
+        return metrics
+
+
+def _rollout_correction(old_log_prob, rollout_log_prob, response_mask, rc_config):
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction
+
+    return compute_rollout_correction(old_log_prob, rollout_log_prob, response_mask, rc_config)
+
+
+def _mismatch_metrics(old_log_prob, rollout_log_prob, response_mask) -> dict[str, float]:
+    from verl.trainer.ppo.rollout_corr_helper import compute_mismatch_metrics
+
+    return compute_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask)
