@@ -15,7 +15,6 @@ from verl.workers.reward_manager import (
     NaiveRewardManager,
     PrimeRewardManager,
     get_reward_manager_cls,
-    overlong_penalty,
 )
 
 PAD, EOS = 0, 1
@@ -128,14 +127,6 @@ def test_rm_scores_are_returned_unchanged():
     data = make_batch(["1$"], ["1"])
     data.batch["rm_scores"] = torch.full((1, 6), 0.25)
     assert torch.equal(NaiveRewardManager(CharTokenizer(), 0, exact)(data), data.batch["rm_scores"])
-
-
-def test_overlong_penalty_formula():
-    # max 16, buffer 4 -> safe 12; linear from 0 at 12 to -factor at 16
-    assert overlong_penalty(12, 16, 4, 1.0) == 0.0
-    assert overlong_penalty(14, 16, 4, 1.0) == pytest.approx(-0.5)
-    assert overlong_penalty(16, 16, 4, 0.5) == pytest.approx(-0.5)
-    assert overlong_penalty(20, 16, 4, 1.0) == pytest.approx(-1.0)
 
 
 def test_dapo_manager_adds_overlong_penalty_and_logs_it():

@@ -27,6 +27,10 @@ class TrainerConfig(BaseConfig):
       `resume_from_path` (a `global_step_N` directory).
     - `external_modules`: module paths or .py files imported in the driver and in every worker
       before anything is built (custom losses, estimators, reward managers register there).
+    - `log_dir`: where the `file` logger (metrics.jsonl), tensorboard and the curves PNG go.
+    - `callbacks`: `file.py:Class` / `module:Class` of `TrainerCallback`s (hooks on the loop).
+    - `role_pools`: give a role its own resource pool instead of sharing the actor's processes,
+      e.g. `{critic: [1]}` (processes per node); roles: critic, ref, rm.
     """
 
     device: str = "auto"
@@ -54,6 +58,9 @@ class TrainerConfig(BaseConfig):
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
     external_modules: list[str] = field(default_factory=list)
+    log_dir: str = "runs/verl/default"
+    callbacks: list[str] = field(default_factory=list)
+    role_pools: dict[str, list[int]] | None = None
     plot: bool = True
     seed: int = 1
 
@@ -79,6 +86,14 @@ class TrainerConfig(BaseConfig):
         if isinstance(self.external_modules, str):
             self.external_modules = [self.external_modules]
         self.external_modules = list(self.external_modules or [])
+        if isinstance(self.callbacks, str):
+            self.callbacks = [self.callbacks]
+        self.callbacks = list(self.callbacks or [])
+        self.role_pools = dict(self.role_pools or {})
+        for role, procs in self.role_pools.items():
+            check_choice(owner, "role_pools key", role, ("critic", "ref", "rm"))
+            if not isinstance(procs, (list, tuple)) or not procs or not all(isinstance(p, int) and p > 0 for p in procs):
+                raise ValueError(f"trainer.role_pools.{role}={procs!r} must be a list of processes per node, e.g. [1]")
         if self.resume_mode == "resume_path" and not self.resume_from_path:
             raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)")
 

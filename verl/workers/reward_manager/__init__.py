@@ -13,7 +13,7 @@ from verl.workers.reward_manager.registry import (
 )
 from verl.workers.reward_manager.abstract import AbstractRewardManager, ScoreError, ScoreItem
 from verl.workers.reward_manager.batch import BatchRewardManager
-from verl.workers.reward_manager.dapo import DAPORewardManager, overlong_penalty
+from verl.workers.reward_manager.dapo import DAPORewardManager
 from verl.workers.reward_manager.naive import NaiveRewardManager
 from verl.workers.reward_manager.prime import PrimeRewardManager
 
@@ -29,6 +29,5 @@ __all__ = [
     "get_reward_manager_cls",
     "loaded_user_files",
     "load_object",
-    "overlong_penalty",
     "register",
 ]

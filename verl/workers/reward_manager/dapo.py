@@ -4,23 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from verl.trainer.ppo.core_algos import compute_overlong_penalty
 from verl.workers.reward_manager.abstract import AbstractRewardManager, ScoreItem
 from verl.workers.reward_manager.registry import register
 
 _OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
-
-
-def overlong_penalty(length: int, max_resp_len: int, buffer_len: int, penalty_factor: float) -> float:
-    """DAPO soft overlong punishment of a response of `length` tokens.
-
-    With `safe = max_resp_len - buffer_len`: 0 up to `safe`, then falls linearly to
-    `-penalty_factor` at `max_resp_len` (`(safe - length) / buffer_len * factor`), and stays at
-    `-penalty_factor` beyond.
-    """
-    safe = max_resp_len - buffer_len
-    if length <= safe:
-        return 0.0
-    return -min((length - safe) / buffer_len, 1.0) * penalty_factor
 
 
 @register("dapo")
@@ -67,7 +55,7 @@ class DAPORewardManager(AbstractRewardManager):
             return scores
         out = []
         for item, score in zip(items, scores):
-            pen = overlong_penalty(item.valid_response_length, self.max_resp_len, self.overlong_len, self.overlong_factor)
+            pen = compute_overlong_penalty(item.valid_response_length, self.max_resp_len, self.overlong_len, self.overlong_factor)
             out.append(score + pen)
             if self.overlong_log:
                 extra["overlong_reward"].append(pen)

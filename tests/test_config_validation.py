@@ -1,0 +1,120 @@
+"""The whole-config check that runs before any worker starts: every message names the key, the
+value and what is allowed."""
+
+import importlib.util
+import textwrap
+
+import pytest
+
+from verl.trainer.main_ppo import load_default_config
+from verl.trainer.ppo.utils import validate_config
+
+
+def cfg(*overrides):
+    return load_default_config(list(overrides))
+
+
+def test_default_and_grpo_configs_validate():
+    v = validate_config(cfg())
+    assert v.algorithm.adv_estimator == "gae" and v.use_critic and not v.use_reference_policy
+    v = validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True"))
+    assert not v.use_critic and v.use_reference_policy and v.n_workers == 1
+
+
+def test_unknown_keys_are_named():
+    with pytest.raises(ValueError, match=r"unknown config key.*'data\.train_batch_sise'"):
+        validate_config(cfg("+data.train_batch_sise=3"))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.policy_loss\.loss_mod'"):
+        validate_config(cfg("+actor_rollout_ref.actor.policy_loss.loss_mod=x"))
+    with pytest.raises(ValueError, match=r"unknown top-level config section.*'trainr'"):
+        validate_config(cfg("+trainr.x=1"))
+
+
+def test_unregistered_loss_and_estimator_list_the_registered_names():
+    with pytest.raises(ValueError, match=r"loss_mode='nope'.*registered: \[.*'gspo'.*'vanilla'"):
+        validate_config(cfg("actor_rollout_ref.actor.policy_loss.loss_mode=nope"))
+    with pytest.raises(ValueError, match=r"adv_estimator='nope'.*registered: \[.*'gae'.*'grpo'"):
+        validate_config(cfg("algorithm.adv_estimator=nope"))
+
+
+def test_user_loss_from_external_module_is_accepted(tmp_path):
+    f = tmp_path / "my_loss_for_config_test.py"
+    f.write_text(textwrap.dedent(
+        """
+        from verl.trainer.ppo.core_algos import register_policy_loss, compute_policy_loss_vanilla
+
+        @register_policy_loss("cfg_test_loss")
+        def my_loss(*args, **kwargs):
+            return compute_policy_loss_vanilla(*args, **kwargs)
+        """
+    ))
+    bad = cfg("actor_rollout_ref.actor.policy_loss.loss_mode=cfg_test_loss")
+    with pytest.raises(ValueError, match="cfg_test_loss"):
+        validate_config(bad)
+    v = validate_config(cfg("actor_rollout_ref.actor.policy_loss.loss_mode=cfg_test_loss", f"trainer.external_modules=[{f}]"))
+    assert v.actor.policy_loss.loss_mode == "cfg_test_loss"
+
+
+def test_group_estimator_with_one_response_names_both_keys():
+    with pytest.raises(ValueError, match=r"adv_estimator='grpo'.*actor_rollout_ref\.rollout\.n=1"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"))
+    # a non-group estimator is fine with n=1
+    validate_config(cfg("algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.n=1"))
+
+
+def test_gae_without_critic_is_rejected():
+    with pytest.raises(ValueError, match=r"adv_estimator='gae' needs a value model.*critic\.enable=False"):
+        validate_config(cfg("critic.enable=False"))
+
+
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        (["trainer.n_gpus_per_node=3"], r"32 \* 8 = 256 sequences cannot be split evenly over 3 data-parallel workers"),
+        (["data.train_batch_size=16"], r"ppo_mini_batch_size=32 is larger than data\.train_batch_size=16"),
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=12"], r"train_batch_size=32 is not a multiple of .*ppo_mini_batch_size=12.*8 prompts"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48"], r"ppo_micro_batch_size_per_gpu=48 does not divide .* 32 \* 8 / 1 = 256"),
+        (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=96"], r"32 \* 8 / 2 = 128"),
+    ],
+)
+def test_batch_size_rules_give_the_numbers(overrides, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        validate_config(cfg("algorithm.adv_estimator=grpo", *overrides))
+
+
+def test_batch_sizes_that_work():
+    # micro larger than the per-worker mini-batch: one micro-batch, accepted
+    validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=512"))
+    # dynamic batch sizes ignore the micro-batch size
+    validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48",
+                        "actor_rollout_ref.actor.use_dynamic_bsz=True"))
+    validate_config(cfg("algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8"))
+
+
+def test_critic_batch_sizes_use_the_critic_pool():
+    with pytest.raises(ValueError, match=r"critic\.ppo_mini_batch_size \* rollout\.n = 32 \* 8 = 256 sequences cannot be split over 3"):
+        validate_config(cfg("trainer.role_pools={critic: [3]}"))
+
+
+def test_trainer_values_are_checked():
+    with pytest.raises(ValueError, match=r"trainer\.resume_mode=resume_path needs trainer\.resume_from_path"):
+        validate_config(cfg("trainer.resume_mode=resume_path"))
+    with pytest.raises(ValueError, match=r"trainer\.device='tpu' is not allowed; expected one of \['auto', 'cuda', 'cpu'\]"):
+        validate_config(cfg("trainer.device=tpu"))
+    with pytest.raises(ValueError, match=r"trainer\.logger\[\]='stdout'"):
+        validate_config(cfg("trainer.logger=[console,stdout]"))
+    with pytest.raises(ValueError, match=r"data\.truncation='cut'.*\['left', 'right', 'middle', 'error'\]"):
+        validate_config(cfg("data.truncation=cut"))
+    with pytest.raises(ValueError, match=r"trainer\.critic_warmup=2 needs a critic"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", "trainer.critic_warmup=2"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
+def test_missing_logger_backend_fails_before_start():
+    with pytest.raises(ImportError, match=r"trainer\.logger includes 'wandb' but the package 'wandb' is not installed"):
+        validate_config(cfg("trainer.logger=[console,wandb]"))
+
+
+def test_rollout_correction_needs_rollout_log_probs():
+    with pytest.raises(ValueError, match="calculate_log_probs=True"):
+        validate_config(cfg("algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=False"))

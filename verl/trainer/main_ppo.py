@@ -1,0 +1,234 @@
+"""Entry point: `python -m verl.trainer.main_ppo key=value ...` (Hydra) or `run_ppo(config)`.
+
+The whole config is converted into its dataclasses and checked *before* Ray or any worker
+starts (`verl.trainer.ppo.utils.validate_config`): a typo or an impossible batch size fails in a
+second with a message naming the key. Then:
+
+1. the embedded default fills `actor_rollout_ref.model.path`, `data.train_files` and
+   `data.val_files` when they are null (a tiny model and a toy task shipped with verl);
+2. Ray starts on loopback (or joins the cluster of `RAY_ADDRESS` / `ray_kwargs.ray_init.address`);
+3. the trainer builds data, reward managers and worker groups and runs `fit()` in this process
+   (the driver is not a Ray actor: on a 2-core machine every process counts).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl.trainer.ppo.utils import Role, resolve_device, validate_config
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["main", "run_ppo", "create_rl_dataset", "create_rl_sampler", "fill_embedded_defaults", "TaskRunner"]
+
+
+@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    run_ppo(config)
+
+
+def load_default_config(overrides: list[str] | None = None) -> DictConfig:
+    """The default config with command-line style overrides, without running anything (tests,
+    notebooks): `load_default_config(["algorithm.adv_estimator=grpo"])`."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=list(overrides or []))
+    return cfg
+
+
+def fill_embedded_defaults(config: DictConfig) -> DictConfig:
+    """Replace null model/data paths by the embedded default (built on first use)."""
+    need_model = config.actor_rollout_ref.model.path is None
+    need_train = config.data.train_files is None
+    need_val = config.data.val_files is None
+    if not (need_model or need_train or need_val):
+        return config
+    from verl.utils import embedded_default
+
+    with open_dict(config):
+        if need_model:
+            config.actor_rollout_ref.model.path = embedded_default.model_path()
+        if need_train:
+            config.data.train_files = embedded_default.train_files()
+        if need_val:
+            config.data.val_files = embedded_default.val_files()
+    return config
+
+
+def create_rl_dataset(data_paths, data_config, tokenizer, processor=None, is_train: bool = True):
+    """`data.custom_cls` when set, else `RLHFDataset`, over `data_paths` (upstream name)."""
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.utils.import_utils import load_extern_type
+
+    custom = data_config.get("custom_cls") or {}
+    cls = RLHFDataset
+    if custom.get("path"):
+        cls = load_extern_type(custom["path"], custom.get("name"))
+        if not isinstance(cls, type) or not hasattr(cls, "__getitem__"):
+            raise TypeError(f"data.custom_cls {custom['path']}:{custom.get('name')} is not a dataset class")
+    return cls(data_files=data_paths, tokenizer=tokenizer, processor=processor, config=data_config)
+
+
+def create_rl_sampler(data_config, dataset):
+    """A seeded sampler: shuffled (`data.shuffle`) with order a function of (`data.seed`, epoch),
+    else sequential. Its position is part of the dataloader state, so resume is exact."""
+    from verl.utils.dataset import create_sampler
+
+    return create_sampler(dataset, shuffle=bool(data_config.get("shuffle", True)), seed=int(data_config.get("seed", 1)))
+
+
+def _init_ray(config: DictConfig, n_cpus_needed: float) -> bool:
+    """Start a private loopback Ray (returns True) or join an existing cluster / session."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    init_kwargs = {k: v for k, v in OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}) or {}, resolve=True).items() if v is not None}
+    address = init_kwargs.pop("address", None) or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, **init_kwargs)
+        return True
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+    init_kwargs.setdefault("num_cpus", max(os.cpu_count() or 1, n_cpus_needed))
+    init_kwargs.setdefault("include_dashboard", False)
+    init_kwargs.setdefault("logging_level", "WARNING")
+    init_kwargs.setdefault("_node_ip_address", "127.0.0.1")
+    ray.init(**init_kwargs)
+    return True
+
+
+class TaskRunner:
+    """Builds everything the trainer needs from a validated config and runs it (upstream name;
+    here a plain object in the driver process)."""
+
+    def run(self, config: DictConfig) -> dict[str, float]:
+        import ray
+
+        from verl.single_controller.ray import RayWorkerGroup
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
+        from verl.trainer.ppo.reward import load_reward_manager
+        from verl.utils.fs import copy_to_local
+        from verl.utils.tokenizer import hf_processor, hf_tokenizer
+        from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+
+        v = validate_config(config)
+        tr = v.trainer
+        device = resolve_device(tr.device)
+        with open_dict(config):
+            config.trainer.device = device
+
+        local_path = copy_to_local(config.actor_rollout_ref.model.path)
+        tok_path = config.data.get("tokenizer") or config.actor_rollout_ref.model.get("tokenizer_path") or local_path
+        trust = bool(config.actor_rollout_ref.model.get("trust_remote_code", False))
+        tokenizer = hf_tokenizer(tok_path, trust_remote_code=trust)
+        processor = hf_processor(tok_path, trust_remote_code=trust)
+
+        mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker)}
+        if v.use_critic:
+            mapping[Role.Critic] = ray.remote(CriticWorker)
+        if v.use_reference_policy:
+            mapping[Role.RefPolicy] = ray.remote(ActorRolloutRefWorker)
+        if v.use_rm:
+            mapping[Role.RewardModel] = ray.remote(RewardModelWorker)
+        pool_spec, role_pool = resource_pool_layout(config, mapping)
+        resource_pool_manager = ResourcePoolManager(
+            resource_pool_spec=pool_spec, mapping=role_pool, use_gpu=device == "cuda",
+            num_cpus_per_worker=_cpus_per_worker(config, pool_spec, device),
+        )
+
+        reward_kwargs = dict(OmegaConf.to_container(config.reward_model.get("reward_kwargs", {}) or {}, resolve=True))
+        reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **dict(reward_kwargs))
+        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **dict(reward_kwargs))
+
+        trainer = RayPPOTrainer(
+            config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=mapping,
+            resource_pool_manager=resource_pool_manager, ray_worker_group_cls=RayWorkerGroup,
+            reward_fn=reward_fn, val_reward_fn=val_reward_fn, device_name=device,
+        )
+        trainer.init_workers()
+        try:
+            return trainer.fit()
+        finally:
+            for fn in (reward_fn, val_reward_fn):
+                close = getattr(fn, "close", None)
+                if close:
+                    close()
+            timeline = config.ray_kwargs.get("timeline_json_file")
+            if timeline:
+                ray.timeline(filename=timeline)
+
+
+def resource_pool_layout(config: DictConfig, mapping: dict) -> tuple[dict[str, list[int]], dict]:
+    """Pool name -> processes per node, and role -> pool name.
+
+    Every role shares `global_pool` (`trainer.nnodes` x `trainer.n_gpus_per_node` processes)
+    unless `trainer.role_pools.<role>` (critic, ref, rm) gives it its own pool as a list of
+    processes per node, e.g. `trainer.role_pools.critic=[1]`.
+    """
+    tr = config.trainer
+    spec = {"global_pool": [int(tr.n_gpus_per_node)] * int(tr.nnodes)}
+    role_of = {"critic": Role.Critic, "ref": Role.RefPolicy, "rm": Role.RewardModel}
+    custom = OmegaConf.to_container(tr.get("role_pools") or {}, resolve=True)
+    unknown = sorted(set(custom) - set(role_of))
+    if unknown:
+        raise ValueError(f"trainer.role_pools has unknown role(s) {unknown}; accepted: {sorted(role_of)}")
+    pools = {role: "global_pool" for role in mapping}
+    for name, procs in custom.items():
+        if role_of[name] not in mapping:
+            continue
+        if not isinstance(procs, list) or not procs or not all(isinstance(p, int) and p > 0 for p in procs):
+            raise ValueError(f"trainer.role_pools.{name}={procs!r} must be a list of processes per node, e.g. [1]")
+        spec[f"{name}_pool"] = procs
+        pools[role_of[name]] = f"{name}_pool"
+    return spec, pools
+
+
+def _cpus_per_worker(config: DictConfig, pool_spec: dict[str, list[int]], device: str) -> float | None:
+    """`trainer.cpus_per_worker`, else on CPU: this node's CPUs shared out over the worker
+    processes placed on it (fractional shares are fine: the driver computes between worker calls)."""
+    value = config.trainer.get("cpus_per_worker")
+    if value is not None:
+        return float(value)
+    if device == "cuda":
+        return None
+    import ray
+
+    node_cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1) / max(int(config.trainer.nnodes), 1)
+    procs_per_node = sum(max(p) for p in pool_spec.values())
+    return max(int(node_cpus * 100 / procs_per_node) / 100, 0.01)
+
+
+def run_ppo(config: DictConfig | dict, task_runner_class=None) -> dict[str, float]:
+    """Validate `config`, start Ray if needed, train; returns the last validation metrics."""
+    import ray
+
+    if not isinstance(config, DictConfig):
+        config = OmegaConf.create(config)
+    config = OmegaConf.create(OmegaConf.to_container(config, resolve=False))  # a private copy
+    with open_dict(config):
+        config.pop("hydra", None)
+    validate_config(config)  # fail fast, before the embedded default is built or Ray starts
+    config = fill_embedded_defaults(config)
+    OmegaConf.resolve(config)
+    started = _init_ray(config, n_cpus_needed=1)
+    t0 = time.time()
+    try:
+        runner = (task_runner_class or TaskRunner)()
+        return runner.run(config)
+    finally:
+        logger.info("run_ppo finished in %.1f s", time.time() - t0)
+        if started:
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,904 @@
+"""`RayPPOTrainer`: the single-controller PPO/GRPO loop (DESIGN.md §3).
+
+The driver owns the control flow; every heavy operation is a method call on a worker group that
+splits the `DataProto` over its workers and concatenates the results. Advantages, KL in reward
+and metrics are computed here on CPU tensors.
+
+One step of `fit()`:
+
+1. prompts from the dataloader, each with a `uid`; repeated `rollout.n` times (interleaved);
+2. `generate_sequences` -> `responses`, `response_mask`, `input_ids`, `attention_mask`, ...;
+3. reward: the reward manager (or the reward-model worker) -> `token_level_scores`;
+4. optional dynamic sampling (DAPO): drop groups without reward variance, generate more;
+5. `old_log_probs` (skipped when the update can use its own first forward exactly), `ref_log_prob`,
+   `values`;
+6. KL in reward (`apply_kl_penalty`), then `compute_advantage` through the estimator registry;
+7. `update_critic`, then `update_actor` (after `trainer.critic_warmup` steps); the hf rollout
+   shares the actor's weights in-process, so the update is the weight sync;
+8. validation every `test_freq`, checkpoint every `save_freq`, metrics to the loggers.
+
+Extension points are hooks on this one loop: subclass and override a phase method
+(`generate`, `compute_reward`, `filter_groups`, `compute_old_log_prob`, ...), or pass
+`TrainerCallback`s (also from `trainer.callbacks` in the config).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import resource
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from codetiming import Timer
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.checkpoint import (
+    TRAINER_STATE_FILE,
+    find_latest_ckpt_path,
+    prune_checkpoints,
+    remove_stale_tmp_dirs,
+    save_checkpoint_atomically,
+    step_of,
+)
+from verl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_throughout_metrics,
+    compute_timing_metrics,
+    process_validation_metrics,
+    reduce_metrics,
+)
+from verl.trainer.ppo.reward import compute_reward
+from verl.trainer.ppo.utils import Role, ValidatedConfig, validate_config
+from verl.utils.torch_functional import masked_mean
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RayPPOTrainer",
+    "ResourcePoolManager",
+    "Role",
+    "TrainerCallback",
+    "apply_kl_penalty",
+    "compute_advantage",
+    "compute_response_mask",
+]
+
+
+# ============================================================================ resource pools
+@dataclass
+class ResourcePoolManager:
+    """Which resource pool each role runs in.
+
+    `resource_pool_spec`: pool name -> processes per node (e.g. `{"global_pool": [2]}`);
+    `mapping`: role -> pool name. Roles in one pool are colocated: one process per slot holds
+    all of them (weight sync between actor and rollout is then an in-process copy).
+    `use_gpu` / `num_cpus_per_worker` describe what one slot reserves (None: the controller's
+    default).
+    """
+
+    resource_pool_spec: dict[str, list[int]]
+    mapping: dict[Role, str]
+    use_gpu: bool = True
+    num_cpus_per_worker: float | None = None
+    resource_pool_dict: dict[str, Any] = field(default_factory=dict)
+
+    def create_resource_pool(self) -> None:
+        from verl.single_controller.ray import RayResourcePool
+
+        for name, process_on_nodes in self.resource_pool_spec.items():
+            # one worker group per slot: colocated roles share one process (create_colocated_worker_cls)
+            self.resource_pool_dict[name] = RayResourcePool(
+                process_on_nodes=list(process_on_nodes), use_gpu=self.use_gpu, max_colocate_count=1,
+                name_prefix=name, num_cpus_per_worker=self.num_cpus_per_worker,
+            )
+
+    def get_resource_pool(self, role: Role):
+        return self.resource_pool_dict[self.mapping[role]]
+
+    def get_n_gpus(self) -> int:
+        return sum(sum(v) for v in self.resource_pool_spec.values())
+
+
+# ============================================================================ driver-side math
+def compute_response_mask(data: DataProto) -> torch.Tensor:
+    """[B, R] mask of the response tokens: the last R columns of `attention_mask`."""
+    width = data.batch["responses"].shape[-1]
+    return data.batch["attention_mask"][:, -width:]
+
+
+def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
+    """KL in the reward: `token_level_rewards = token_level_scores - beta * kl(old_log_probs, ref_log_prob)`.
+
+    `beta` is the controller's current value; the controller is then updated with the batch's
+    mean per-sequence KL (masked mean over valid tokens, then mean over sequences).
+    Reads `token_level_scores`, `old_log_probs`, `ref_log_prob`, `response_mask` [B, R]; writes
+    `token_level_rewards` [B, R].
+    """
+    mask = data.batch["response_mask"]
+    kld = core_algos.kl_penalty(data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty=kl_penalty)
+    kld = kld * mask
+    beta = kl_ctrl.value
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - beta * kld
+    current_kl = masked_mean(kld, mask, axis=-1).mean().item()
+    kl_ctrl.update(current_kl=current_kl, n_steps=len(data))
+    return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, lam: Any = 1.0, num_repeat: int = 1,
+                      norm_adv_by_std_in_grpo: bool = True, config: Any = None) -> DataProto:
+    """`advantages`, `returns` [B, R] from the estimator registered as `adv_estimator`.
+
+    The estimator gets every input it may need by keyword (`token_level_rewards`,
+    `response_mask`, `index` = uid array, `values`, `reward_baselines`, `token_level_scores`,
+    `turn_ids`, `gamma`, `lam`, `norm_adv_by_std_in_grpo`, `config`) and ignores the rest.
+    (`num_repeat` is accepted for upstream compatibility: groups come from `uid`.)
+    """
+    if "response_mask" not in data.batch.keys():
+        data.batch["response_mask"] = compute_response_mask(data)
+    fn = core_algos.get_adv_estimator_fn(adv_estimator)
+    kwargs: dict[str, Any] = dict(
+        token_level_rewards=data.batch["token_level_rewards"],
+        response_mask=data.batch["response_mask"],
+        index=data.non_tensor_batch["uid"],
+        gamma=gamma,
+        lam=lam,
+        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        config=config,
+    )
+    for key in ("values", "reward_baselines", "token_level_scores", "turn_ids"):
+        if key in data.batch.keys():
+            kwargs[key] = data.batch[key]
+    advantages, returns = fn(**kwargs)
+    data.batch["advantages"] = advantages.detach()
+    data.batch["returns"] = returns.detach()
+    return data
+
+
+# ============================================================================ hooks
+class TrainerCallback:
+    """Observe or adjust the loop at fixed points without copying `fit()`.
+
+    Every method receives the trainer; batch hooks may modify `batch` in place and add entries
+    to `metrics`. `state_dict`/`load_state_dict` are saved in and restored from checkpoints.
+    """
+
+    def on_fit_start(self, trainer: "RayPPOTrainer") -> None: ...
+
+    def on_batch_scored(self, trainer: "RayPPOTrainer", batch: DataProto, metrics: dict) -> None:
+        """After generation and reward, before dynamic sampling and log-probs."""
+
+    def on_advantages(self, trainer: "RayPPOTrainer", batch: DataProto, metrics: dict) -> None:
+        """After advantages, before the critic and actor updates."""
+
+    def on_step_end(self, trainer: "RayPPOTrainer", metrics: dict) -> None:
+        """After the step's metrics are complete, before they are logged."""
+
+    def on_validation(self, trainer: "RayPPOTrainer", metrics: dict) -> None: ...
+
+    def on_fit_end(self, trainer: "RayPPOTrainer") -> None: ...
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class _EndOfData(Exception):
+    """The training data (all epochs) is exhausted."""
+
+
+@contextmanager
+def _env_override(env: dict[str, str]):
+    """Set environment variables for the duration of the block, then restore them."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _timer(name: str, timing_raw: dict[str, float]):
+    """Time a phase; repeated phases within a step (several generation rounds) add up."""
+
+    @contextmanager
+    def ctx():
+        with Timer(name=name, logger=None) as t:
+            yield
+        timing_raw[name] = timing_raw.get(name, 0.0) + t.last
+
+    return ctx()
+
+
+# ============================================================================ the trainer
+class RayPPOTrainer:
+    """Driver of PPO-family training over Ray worker groups (see the module docstring).
+
+    Args (upstream signature):
+        config: the whole run config (OmegaConf); validated with `validate_config`.
+        tokenizer: the policy's tokenizer (decoding for rewards and validation samples).
+        role_worker_mapping: role -> worker class (`ActorRolloutRefWorker`, `CriticWorker`, ...).
+        resource_pool_manager: where each role runs.
+        ray_worker_group_cls: the worker-group class (`RayWorkerGroup`).
+        reward_fn / val_reward_fn: reward managers for training / validation.
+        train_dataset / val_dataset / collate_fn / train_sampler: data (built from `data.*` when None).
+        callbacks: `TrainerCallback`s, in addition to those of `trainer.callbacks`.
+    """
+
+    def __init__(self, config, tokenizer, role_worker_mapping: dict, resource_pool_manager: ResourcePoolManager,
+                 ray_worker_group_cls=None, processor=None, reward_fn=None, val_reward_fn=None,
+                 train_dataset=None, val_dataset=None, collate_fn=None, train_sampler=None,
+                 device_name: str | None = None, callbacks: list[TrainerCallback] | None = None):
+        self.config = config
+        self.cfg: ValidatedConfig = validate_config(config)
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.role_worker_mapping = role_worker_mapping
+        self.resource_pool_manager = resource_pool_manager
+        if ray_worker_group_cls is None:
+            from verl.single_controller.ray import RayWorkerGroup
+
+            ray_worker_group_cls = RayWorkerGroup
+        self.ray_worker_group_cls = ray_worker_group_cls
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.device_name = device_name or self.cfg.trainer.device
+        self.hybrid_engine = bool(config.actor_rollout_ref.get("hybrid_engine", True))
+        if not self.hybrid_engine:
+            raise NotImplementedError("actor_rollout_ref.hybrid_engine=False is not supported; the rollout shares the actor's weights")
+        self.use_critic = self.cfg.use_critic
+        self.use_reference_policy = self.cfg.use_reference_policy
+        self.use_rm = self.cfg.use_rm
+        if self.use_reference_policy and Role.RefPolicy not in role_worker_mapping:
+            raise ValueError("the config needs a reference policy (KL) but role_worker_mapping has no Role.RefPolicy")
+        if self.use_critic and Role.Critic not in role_worker_mapping:
+            raise ValueError("the config needs a critic but role_worker_mapping has no Role.Critic")
+        algo = self.cfg.algorithm
+        self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
+
+        self.callbacks: list[TrainerCallback] = list(callbacks or [])
+        for spec in config.trainer.get("callbacks", None) or []:
+            from verl.workers.reward_manager.registry import load_object
+
+            self.callbacks.append(load_object(str(spec), what="trainer.callbacks")())
+
+        self.global_steps = 0
+        self.epoch = 0
+        self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
+
+    # ------------------------------------------------------------------ data
+    def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
+        """Build the stateful train dataloader and the validation dataloader; fix the number of
+        training steps and write it into the optimizers' schedule configs."""
+        from verl.trainer.main_ppo import create_rl_dataset, create_rl_sampler
+        from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
+        from verl.utils.dataset import StatefulDataLoader
+
+        data = self.cfg.data
+        if train_dataset is None:
+            train_dataset = create_rl_dataset(data.train_files, self.config.data, self.tokenizer, self.processor, is_train=True)
+        if val_dataset is None:
+            val_dataset = create_rl_dataset(data.val_files, self.config.data, self.tokenizer, self.processor, is_train=False)
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        if train_sampler is None:
+            train_sampler = create_rl_sampler(self.config.data, train_dataset)
+        collate_fn = collate_fn or default_collate_fn
+        if len(train_dataset) < data.train_batch_size:
+            raise ValueError(
+                f"the training set has {len(train_dataset)} prompts, fewer than data.train_batch_size={data.train_batch_size}"
+            )
+        self.train_dataloader = StatefulDataLoader(
+            dataset=train_dataset,
+            batch_size=data.train_batch_size,
+            num_workers=data.dataloader_num_workers,
+            drop_last=True,
+            collate_fn=collate_fn,
+            sampler=train_sampler,
+        )
+        val_bs = data.val_batch_size or len(val_dataset)
+        self.val_dataloader = StatefulDataLoader(
+            dataset=val_dataset,
+            batch_size=val_bs,
+            num_workers=data.dataloader_num_workers,
+            shuffle=data.validation_shuffle,
+            drop_last=False,
+            collate_fn=collate_fn,
+        )
+        if len(self.train_dataloader) < 1:
+            raise ValueError("the training dataloader is empty")
+        total = len(self.train_dataloader) * self.cfg.trainer.total_epochs
+        if self.cfg.trainer.total_training_steps is not None:
+            total = self.cfg.trainer.total_training_steps
+        self.total_training_steps = total
+        with open_dict(self.config):
+            self.config.actor_rollout_ref.actor.optim.total_training_steps = total
+            if self.use_critic:
+                self.config.critic.optim.total_training_steps = total
+
+    # ------------------------------------------------------------------ workers
+    def init_workers(self) -> None:
+        """Create the resource pools and worker groups (colocated per pool) and build the models."""
+        from verl.single_controller.ray import RayClassWithInitArgs
+        from verl.single_controller.ray.base import create_colocated_worker_cls
+
+        self.resource_pool_manager.create_resource_pool()
+        pool_to_cls: dict[Any, dict[str, Any]] = {p: {} for p in self.resource_pool_manager.resource_pool_dict.values()}
+
+        def add(role: Role, name: str, **init):
+            cls = RayClassWithInitArgs(cls=self.role_worker_mapping[role], **init)
+            pool_to_cls[self.resource_pool_manager.get_resource_pool(role)][name] = cls
+
+        add(Role.ActorRollout, "actor_rollout", config=self.config.actor_rollout_ref, role="actor_rollout")
+        if self.use_critic:
+            add(Role.Critic, "critic", config=self.config.critic)
+        if self.use_reference_policy:
+            add(Role.RefPolicy, "ref", config=self.config.actor_rollout_ref, role="ref")
+        if self.use_rm:
+            add(Role.RewardModel, "rm", config=self.config.reward_model)
+
+        all_wg: dict[str, Any] = {}
+        # the controller forwards the driver's VERL_* variables to the workers it creates
+        with _env_override(self._worker_env()):
+            for pool, class_dict in pool_to_cls.items():
+                if not class_dict:
+                    continue
+                worker_dict_cls = create_colocated_worker_cls(class_dict=class_dict)
+                wg_dict = self.ray_worker_group_cls(
+                    resource_pool=pool, ray_cls_with_init=worker_dict_cls,
+                    num_threads_per_worker=self.cfg.trainer.torch_threads_per_worker,
+                )
+                all_wg.update(wg_dict.spawn(prefix_set=class_dict.keys()))
+
+        if self.use_critic:
+            self.critic_wg = all_wg["critic"]
+            self.critic_wg.init_model()
+        if self.use_reference_policy:
+            self.ref_policy_wg = all_wg["ref"]
+            self.ref_policy_wg.init_model()
+        if self.use_rm:
+            self.rm_wg = all_wg["rm"]
+            self.rm_wg.init_model()
+        # the actor last: a GPU rollout engine sizes its cache from the memory left
+        self.actor_rollout_wg = all_wg["actor_rollout"]
+        self.actor_rollout_wg.init_model()
+
+    def _worker_env(self) -> dict[str, str]:
+        """Environment of every worker process: the device, and every user module (so custom
+        losses/estimators registered there exist in the workers too). Torch threads are set by
+        the worker group (`trainer.torch_threads_per_worker`, default: the slot's CPUs)."""
+        from verl.trainer.ppo.utils import external_module_list
+
+        env = {"VERL_DEVICE": self.device_name}
+        mods = external_module_list(self.config)
+        if mods:
+            env["VERL_USE_EXTERNAL_MODULES"] = ",".join(os.path.abspath(m) if m.endswith(".py") else m for m in mods)
+        return env
+
+    @property
+    def dp_size(self) -> int:
+        return self.actor_rollout_wg.world_size
+
+    # ------------------------------------------------------------------ phases (hooks for subclasses)
+    def prepare_batch(self, batch_dict: dict, round_idx: int) -> DataProto:
+        """A dataloader batch as DataProto with a deterministic `uid` per prompt."""
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.non_tensor_batch["uid"] = np.array(
+            [f"{self.global_steps}-{round_idx}-{i}" for i in range(len(batch))], dtype=object
+        )
+        return batch
+
+    def generate(self, batch: DataProto, timing_raw: dict) -> DataProto:
+        """Repeat every prompt `rollout.n` times (interleaved) and append the generated responses."""
+        n = self.cfg.rollout.n
+        batch = batch.repeat(repeat_times=n, interleave=True)
+        gen_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
+        nt_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data") if k in batch.non_tensor_batch]
+        gen_in = batch.pop(batch_keys=gen_keys, non_tensor_batch_keys=nt_keys)
+        gen_in.meta_info.update(self._gen_meta(validate=False))
+        with _timer("gen", timing_raw):
+            out = self.actor_rollout_wg.generate_sequences(gen_in)
+        timing_raw.update({f"gen/{k}": v for k, v in out.meta_info.pop("timing", {}).items()})
+        batch = batch.union(out)
+        if "response_mask" not in batch.batch.keys():
+            batch.batch["response_mask"] = compute_response_mask(batch)
+        if self.cfg.algorithm.adv_estimator == "remax":
+            with _timer("gen_max", timing_raw):
+                batch = self._remax_baseline(batch, gen_in)
+        return batch
+
+    def _gen_meta(self, validate: bool) -> dict:
+        meta = {
+            "eos_token_id": self.tokenizer.eos_token_id,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "global_steps": self.global_steps,
+            "validate": validate,
+        }
+        if validate:
+            vk = self.cfg.rollout.val_kwargs
+            meta.update(do_sample=vk.do_sample, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k)
+        return meta
+
+    def _remax_baseline(self, batch: DataProto, gen_in: DataProto) -> DataProto:
+        """ReMax: the reward of one greedy response per prompt, as `reward_baselines` [B]."""
+        n = self.cfg.rollout.n
+        first = gen_in.select_idxs(np.arange(0, len(gen_in), n))
+        first.meta_info["do_sample"] = False
+        first, pad = pad_dataproto_to_divisor(first, self.dp_size)
+        greedy = unpad_dataproto(self.actor_rollout_wg.generate_sequences(first), pad)
+        prompts_only = batch.select_idxs(np.arange(0, len(batch), n)).select(
+            non_tensor_batch_keys=list(batch.non_tensor_batch.keys()))
+        scored = prompts_only.union(greedy)
+        if "response_mask" not in scored.batch.keys():
+            scored.batch["response_mask"] = compute_response_mask(scored)
+        base, _ = compute_reward(scored, self.reward_fn)
+        batch.batch["reward_baselines"] = base.sum(-1).repeat_interleave(n)
+        return batch
+
+    def compute_reward(self, batch: DataProto, timing_raw: dict, metrics: dict) -> DataProto:
+        """`token_level_scores` [B, R] (reward model and/or reward manager) + extra info columns."""
+        with _timer("reward", timing_raw):
+            if self.use_rm:
+                batch = batch.union(self.rm_wg.compute_rm_score(batch))
+            scores, extra = compute_reward(batch, self.reward_fn)
+        batch.batch["token_level_scores"] = scores
+        for k, v in extra.items():
+            batch.non_tensor_batch[k] = np.array(v, dtype=object)
+        errs = extra.get("score_error")
+        metrics["reward/score_errors"] = metrics.get("reward/score_errors", 0) + (int(sum(bool(e) for e in errs)) if errs else 0)
+        return batch
+
+    def filter_groups(self, batch: DataProto, metrics: dict) -> DataProto:
+        """DAPO dynamic sampling: keep only groups (same uid) whose `filter_groups.metric` varies."""
+        metric = self.cfg.algorithm.filter_groups.metric
+        if metric in ("seq_final_reward", "seq_reward", "score"):
+            values = batch.batch["token_level_scores"].sum(-1).tolist()
+        elif metric in batch.non_tensor_batch:
+            values = [float(v) for v in batch.non_tensor_batch[metric]]
+        elif metric == "acc":
+            values = batch.batch["token_level_scores"].sum(-1).tolist()
+        else:
+            raise ValueError(
+                f"algorithm.filter_groups.metric={metric!r} is neither a reward extra-info column "
+                f"{sorted(batch.non_tensor_batch)} nor one of ['acc', 'score', 'seq_reward', 'seq_final_reward']"
+            )
+        by_uid: dict[Any, list[float]] = defaultdict(list)
+        for uid, v in zip(batch.non_tensor_batch["uid"], values):
+            by_uid[uid].append(v)
+        keep_uids = {u for u, vs in by_uid.items() if len(vs) > 1 and np.std(vs) > 0}
+        keep = [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in keep_uids]
+        metrics["filter_groups/kept_groups"] = metrics.get("filter_groups/kept_groups", 0) + len(keep_uids)
+        metrics["filter_groups/dropped_groups"] = metrics.get("filter_groups/dropped_groups", 0) + len(by_uid) - len(keep_uids)
+        return batch.select_idxs(np.array(keep, dtype=np.int64))
+
+    def collect_batch(self, prompts: Iterator[dict], timing_raw: dict, metrics: dict) -> DataProto | None:
+        """Generate and score until this step's training batch is ready.
+
+        Without dynamic sampling: one round. With `algorithm.filter_groups.enable`: rounds of
+        `train_batch_size` prompts until `train_batch_size` groups with reward variance are kept
+        (`keep_generating`, capped by `max_num_gen_batches`), or one round whose surviving groups
+        are trained on (`keep_generating=False`). Returns None when no group survived.
+        """
+        fg = self.cfg.algorithm.filter_groups
+        target = self.cfg.data.train_batch_size
+        kept: DataProto | None = None
+        rounds = 0
+        while True:
+            try:
+                batch_dict = next(prompts)
+            except StopIteration:
+                if kept is None:
+                    raise _EndOfData from None
+                break  # data ran out mid-collection: train on what was collected
+            batch = self.prepare_batch(batch_dict, rounds)
+            rounds += 1
+            batch = self.generate(batch, timing_raw)
+            batch = self.compute_reward(batch, timing_raw, metrics)
+            for cb in self.callbacks:
+                cb.on_batch_scored(self, batch, metrics)
+            if not fg.enable:
+                return batch
+            if rounds == 1:
+                # score metrics of the unfiltered first round: what the policy actually does
+                metrics["filter_groups/raw_score_mean"] = batch.batch["token_level_scores"].sum(-1).mean().item()
+            batch = self.filter_groups(batch, metrics)
+            kept = batch if kept is None else DataProto.concat([kept, batch])
+            n_groups = len(set(kept.non_tensor_batch["uid"]))
+            if not fg.keep_generating or n_groups >= target:
+                break
+            if fg.max_num_gen_batches and rounds >= fg.max_num_gen_batches:
+                logger.warning("filter_groups: %d of %d groups after %d generation rounds (max_num_gen_batches); "
+                               "training on what was collected", n_groups, target, rounds)
+                break
+        metrics["filter_groups/num_gen_batches"] = rounds
+        return self._trim_groups(kept, target)
+
+    def _trim_groups(self, batch: DataProto, max_groups: int) -> DataProto | None:
+        """At most `max_groups` whole groups, and a row count the data-parallel workers can split."""
+        uids = list(dict.fromkeys(batch.non_tensor_batch["uid"]))  # first-seen order
+        n = self.cfg.rollout.n
+        n_groups = min(len(uids), max_groups)
+        while n_groups > 0 and (n_groups * n) % self.dp_size:
+            n_groups -= 1
+        if n_groups == 0:
+            return None
+        keep_uids = set(uids[:n_groups])
+        idx = [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in keep_uids]
+        return batch.select_idxs(np.array(idx, dtype=np.int64))
+
+    def can_skip_old_log_prob(self) -> bool:
+        """True when the actor's first forward in `update_actor` computes exactly `old_log_probs`:
+        one epoch over one mini-batch (the policy has not moved yet when each token is seen) and
+        nothing on the driver needs `old_log_probs` before the update (KL in reward, rollout
+        correction and the dynamic-sampling metric do)."""
+        cfg = self.cfg
+        one_mini = cfg.actor.ppo_mini_batch_size >= cfg.data.train_batch_size and cfg.actor.ppo_epochs == 1
+        rc = cfg.algorithm.rollout_correction
+        needs_old = cfg.algorithm.use_kl_in_reward or bool(rc.rollout_is or rc.rollout_rs)
+        return one_mini and not needs_old and not cfg.algorithm.filter_groups.enable
+
+    def compute_old_log_prob(self, batch: DataProto, timing_raw: dict, metrics: dict) -> DataProto:
+        with _timer("old_log_prob", timing_raw):
+            if self.can_skip_old_log_prob():
+                batch.meta_info["use_current_log_prob_as_old"] = True
+                return batch
+            out = self.actor_rollout_wg.compute_log_prob(batch)
+            if "entropys" in out.batch.keys():
+                ent = out.batch.pop("entropys")
+                metrics["actor/entropy"] = masked_mean(ent, batch.batch["response_mask"]).item()
+            out.meta_info.pop("metrics", None)
+            return batch.union(out)
+
+    def compute_ref_log_prob(self, batch: DataProto, timing_raw: dict) -> DataProto:
+        with _timer("ref", timing_raw):
+            return batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))
+
+    def compute_values(self, batch: DataProto, timing_raw: dict) -> DataProto:
+        with _timer("values", timing_raw):
+            return batch.union(self.critic_wg.compute_values(batch))
+
+    def compute_advantages(self, batch: DataProto, timing_raw: dict, metrics: dict) -> DataProto:
+        algo = self.cfg.algorithm
+        with _timer("adv", timing_raw):
+            if algo.use_kl_in_reward:
+                batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty)
+                metrics.update(kl_metrics)
+            else:
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            batch = compute_advantage(
+                batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam, num_repeat=self.cfg.rollout.n,
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo,
+            )
+        return batch
+
+    def update_critic(self, batch: DataProto, timing_raw: dict, metrics: dict) -> None:
+        with _timer("update_critic", timing_raw):
+            out = self.critic_wg.update_critic(batch)
+        metrics.update(reduce_metrics(out.meta_info.get("metrics", {})))
+
+    def update_actor(self, batch: DataProto, timing_raw: dict, metrics: dict) -> None:
+        batch.meta_info["multi_turn"] = False
+        batch.meta_info["rollout_correction"] = self.cfg.algorithm.rollout_correction.to_dict()
+        with _timer("update_actor", timing_raw):
+            out = self.actor_rollout_wg.update_actor(batch)
+        metrics.update(reduce_metrics(out.meta_info.get("metrics", {})))
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, float]:
+        """Train for `total_training_steps` steps; returns the last validation metrics."""
+        from tqdm import tqdm
+
+        from verl.utils.tracking import Tracking
+
+        tr = self.cfg.trainer
+        self.tracking = Tracking(
+            project_name=tr.project_name,
+            experiment_name=tr.experiment_name,
+            default_backend=tr.logger,
+            config=OmegaConf.to_container(self.config, resolve=True),
+            log_dir=self.config.trainer.get("log_dir"),
+        )
+        self._load_checkpoint()
+        for cb in self.callbacks:
+            cb.on_fit_start(self)
+
+        last_val: dict[str, float] = {}
+        if self.val_reward_fn is not None and tr.val_before_train and self.global_steps == 0:
+            last_val = self._validate()
+            self.tracking.log(last_val, step=self.global_steps)
+            if tr.val_only:
+                self._finish()
+                return last_val
+
+        bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training",
+                   disable="console" not in tr.logger, dynamic_ncols=True)
+        prompts = self._prompt_stream()
+        while self.global_steps < self.total_training_steps:
+            self.global_steps += 1
+            is_last = self.global_steps >= self.total_training_steps
+            metrics: dict[str, Any] = {}
+            timing_raw: dict[str, float] = {}
+            try:
+                with _timer("step", timing_raw):
+                    batch = self.collect_batch(prompts, timing_raw, metrics)
+                    if batch is not None:
+                        self.train_step(batch, timing_raw, metrics)
+            except _EndOfData:
+                self.global_steps -= 1
+                logger.warning("training data exhausted after %d steps", self.global_steps)
+                is_last = True
+                batch = None
+            if batch is None and not is_last:
+                logger.warning("step %d: no group with reward variance; the update was skipped", self.global_steps)
+                metrics["train/skipped_step"] = 1
+
+            if batch is not None:
+                if self._due(tr.test_freq, is_last) and self.val_reward_fn is not None:
+                    with _timer("testing", timing_raw):
+                        last_val = self._validate()
+                    metrics.update(last_val)
+                metrics.update(compute_data_metrics(batch, use_critic=self.use_critic,
+                                                    max_response_length=self.cfg.data.max_response_length,
+                                                    max_prompt_length=self.cfg.data.max_prompt_length))
+                metrics.update(compute_timing_metrics(batch, timing_raw))
+                metrics.update(compute_throughout_metrics(batch, timing_raw, n_gpus=self.resource_pool_manager.get_n_gpus()))
+                metrics["training/global_step"] = self.global_steps
+                metrics["training/epoch"] = self.epoch
+                metrics["perf/driver_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+                self._dump_rollouts(batch)
+                for cb in self.callbacks:
+                    cb.on_step_end(self, metrics)
+                if self._due(tr.save_freq, is_last):
+                    with _timer("save_checkpoint", timing_raw):
+                        self._save_checkpoint()
+                    metrics["timing_s/save_checkpoint"] = timing_raw["save_checkpoint"]
+                self.tracking.log(metrics, step=self.global_steps)
+            bar.update(1)
+            if is_last:
+                break
+        bar.close()
+        self._finish()
+        return last_val
+
+    def train_step(self, batch: DataProto, timing_raw: dict, metrics: dict) -> DataProto:
+        """Steps 5-7 of the loop on a scored batch (modifies and returns `batch`)."""
+        if self.cfg.trainer.balance_batch:
+            self._balance_batch(batch, metrics)
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+        batch.meta_info["global_steps"] = self.global_steps
+        batch = self.compute_old_log_prob(batch, timing_raw, metrics)
+        if self.use_reference_policy:
+            batch = self.compute_ref_log_prob(batch, timing_raw)
+        if self.use_critic:
+            batch = self.compute_values(batch, timing_raw)
+        batch = self.compute_advantages(batch, timing_raw, metrics)
+        for cb in self.callbacks:
+            cb.on_advantages(self, batch, metrics)
+        if self.use_critic:
+            self.update_critic(batch, timing_raw, metrics)
+        if self.global_steps > self.cfg.trainer.critic_warmup:
+            self.update_actor(batch, timing_raw, metrics)
+        return batch
+
+    def _due(self, freq: int | None, is_last: bool) -> bool:
+        """Every `freq` steps and at the last step; never when freq <= 0."""
+        return freq is not None and freq > 0 and (is_last or self.global_steps % freq == 0)
+
+    def _prompt_stream(self) -> Iterator[dict]:
+        """Dataloader batches across epochs; `self.epoch` follows (and is checkpointed)."""
+        while self.epoch < self.cfg.trainer.total_epochs:
+            if hasattr(self.train_dataloader.sampler, "set_epoch"):
+                self.train_dataloader.sampler.set_epoch(self.epoch)
+            yield from self.train_dataloader
+            self.epoch += 1
+
+    def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
+        """Reorder rows so every data-parallel worker gets a similar number of tokens."""
+        from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions, log_seqlen_unbalance
+
+        lens = batch.batch["attention_mask"].sum(-1).tolist()
+        k = self.dp_size
+        if k <= 1 or len(batch) % k:
+            return
+        parts = get_seqlen_balanced_partitions(lens, k_partitions=k, equal_size=True)
+        idx = [i for p in parts for i in p]
+        batch.reorder(torch.tensor(idx))
+        metrics.update(log_seqlen_unbalance(seqlen_list=lens, partitions=parts, prefix="global_seqlen"))
+
+    def _dump_rollouts(self, batch: DataProto) -> None:
+        """With `trainer.rollout_data_dir`: one jsonl per step with prompt, response, score."""
+        out_dir = self.cfg.trainer.rollout_data_dir
+        if not out_dir:
+            return
+        rows = self._decode_rows(batch)
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, f"{self.global_steps}.jsonl"), "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+
+    def _decode_rows(self, batch: DataProto) -> list[dict]:
+        width = batch.batch["responses"].shape[-1]
+        prompt_mask = batch.batch["attention_mask"][:, :-width].bool()
+        resp_lens = batch.batch["response_mask"].sum(-1).tolist()
+        prompts = self.tokenizer.batch_decode(
+            [batch.batch["prompts"][i][prompt_mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
+        resps = self.tokenizer.batch_decode(
+            [batch.batch["responses"][i, : int(n)].tolist() for i, n in enumerate(resp_lens)], skip_special_tokens=True)
+        scores = batch.batch["token_level_scores"].sum(-1).tolist()
+        gts = [rm.get("ground_truth") if isinstance(rm, dict) else None
+               for rm in batch.non_tensor_batch.get("reward_model", [None] * len(batch))]
+        return [
+            {"step": self.global_steps, "input": p, "output": r, "score": s, "ground_truth": _jsonable(g)}
+            for p, r, s, g in zip(prompts, resps, scores, gts)
+        ]
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> dict[str, float]:
+        """Generate on the validation set with `rollout.val_kwargs` and score it.
+
+        Returns `val-core/{data_source}/{reward|acc}/{mean@n, best@n, maj@n}` (+ `val-aux/...` for
+        the other statistics and extra-info columns)."""
+        vk = self.cfg.rollout.val_kwargs
+        data_sources: list[str] = []
+        uids: list[str] = []
+        infos: dict[str, list] = defaultdict(list)
+        samples: list[tuple[str, str, float]] = []
+        all_rows: list[dict] = []
+        for b_idx, batch_dict in enumerate(self.val_dataloader):
+            batch = DataProto.from_single_dict(batch_dict)
+            batch.non_tensor_batch["uid"] = np.array([f"val-{b_idx}-{i}" for i in range(len(batch))], dtype=object)
+            batch = batch.repeat(repeat_times=vk.n, interleave=True)
+            gen_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
+            nt_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data") if k in batch.non_tensor_batch]
+            gen_in = batch.pop(batch_keys=gen_keys, non_tensor_batch_keys=nt_keys)
+            gen_in.meta_info.update(self._gen_meta(validate=True))
+            gen_in, pad = pad_dataproto_to_divisor(gen_in, self.dp_size)
+            out = unpad_dataproto(self.actor_rollout_wg.generate_sequences(gen_in), pad)
+            out.meta_info.pop("timing", None)
+            batch = batch.union(out)
+            if "response_mask" not in batch.batch.keys():
+                batch.batch["response_mask"] = compute_response_mask(batch)
+            if self.use_rm:
+                batch = batch.union(self.rm_wg.compute_rm_score(batch))
+            scores, extra = compute_reward(batch, self.val_reward_fn)
+            seq_scores = scores.sum(-1).tolist()
+            infos["reward"].extend(seq_scores)
+            for k, v in extra.items():
+                infos[k].extend(v)
+            data_sources.extend(batch.non_tensor_batch.get(self.cfg.data.reward_fn_key, ["unknown"] * len(batch)))
+            uids.extend(batch.non_tensor_batch["uid"])
+            batch.batch["token_level_scores"] = scores
+            rows = self._decode_rows(batch)
+            all_rows.extend(rows)
+            samples.extend((r["input"], r["output"], r["score"]) for r in rows)
+
+        tr = self.cfg.trainer
+        if tr.log_val_generations and samples:
+            from verl.utils.tracking import ValidationGenerationsLogger
+
+            rng = np.random.RandomState(42)  # the same samples every validation: comparable over time
+            pick = sorted(rng.permutation(len(samples))[: tr.log_val_generations].tolist())
+            ValidationGenerationsLogger(self.tracking.log_dir).log(tr.logger, [samples[i] for i in pick], self.global_steps, self.tracking)
+        if tr.validation_data_dir:
+            os.makedirs(tr.validation_data_dir, exist_ok=True)
+            with open(os.path.join(tr.validation_data_dir, f"{self.global_steps}.jsonl"), "w", encoding="utf-8") as fh:
+                for r in all_rows:
+                    fh.write(json.dumps(r) + "\n")
+
+        infos = {k: v for k, v in infos.items() if len(v) == len(data_sources)}
+        nested = process_validation_metrics(data_sources, uids, infos)
+        metrics: dict[str, float] = {}
+        for ds, var2 in nested.items():
+            for var, stats in var2.items():
+                n_max = max(int(name.split("@")[1].split("/")[0]) for name in stats)
+                for name, val in stats.items():
+                    core = (var in ("reward", "acc") and f"@{n_max}" in name
+                            and any(name.startswith(p) for p in ("mean", "maj", "best")))
+                    metrics[f"{'val-core' if core else 'val-aux'}/{ds}/{var}/{name}"] = val
+        for cb in self.callbacks:
+            cb.on_validation(self, metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Driver state saved with every checkpoint (exact resume)."""
+        return {
+            "global_steps": self.global_steps,
+            "epoch": self.epoch,
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+            "kl_ctrl_value": None if self.kl_ctrl_in_reward is None else self.kl_ctrl_in_reward.value,
+            "callbacks": [cb.state_dict() for cb in self.callbacks],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.global_steps = int(state["global_steps"])
+        self.epoch = int(state["epoch"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl_value") is not None:
+            self.kl_ctrl_in_reward.value = float(state["kl_ctrl_value"])
+        for cb, s in zip(self.callbacks, state.get("callbacks", [])):
+            cb.load_state_dict(s)
+
+    def _save_checkpoint(self) -> str:
+        """Write `global_step_N` atomically (see verl/trainer/ppo/checkpoint.py), then prune."""
+        tr = self.cfg.trainer
+        root = tr.default_local_dir
+
+        def write(tmp: str) -> None:
+            self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), None, self.global_steps, max_ckpt_to_keep=None)
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"), None, self.global_steps, max_ckpt_to_keep=None)
+            torch.save(self.train_dataloader.state_dict(), os.path.join(tmp, "data.pt"))
+            torch.save(self.state_dict(), os.path.join(tmp, TRAINER_STATE_FILE))
+
+        path = save_checkpoint_atomically(root, self.global_steps, write)
+        prune_checkpoints(root, tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep)
+        return path
+
+    def _load_checkpoint(self) -> int:
+        """Resume per `trainer.resume_mode`; returns the restored step (0 = fresh start)."""
+        tr = self.cfg.trainer
+        root = tr.default_local_dir
+        remove_stale_tmp_dirs(root)
+        if tr.resume_mode == "disable":
+            return 0
+        if tr.resume_mode == "resume_path":
+            path = tr.resume_from_path
+            if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
+                raise FileNotFoundError(f"trainer.resume_from_path={path!r} is not a complete checkpoint (no {TRAINER_STATE_FILE})")
+            step_of(path)
+        else:
+            path = find_latest_ckpt_path(root)
+            if path is None:
+                return 0
+        logger.info("resuming from %s", path)
+        self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"), None, del_local_after_load=False)
+        if self.use_critic:
+            critic_path = os.path.join(path, "critic")
+            if not os.path.isdir(critic_path):
+                raise FileNotFoundError(f"checkpoint {path} has no critic/ part but this run trains a critic")
+            self.critic_wg.load_checkpoint(critic_path, None, del_local_after_load=False)
+        self.train_dataloader.load_state_dict(torch.load(os.path.join(path, "data.pt"), weights_only=False))
+        self.load_state_dict(torch.load(os.path.join(path, TRAINER_STATE_FILE), weights_only=False))
+        return self.global_steps
+
+    # ------------------------------------------------------------------ end of run
+    def _finish(self) -> None:
+        for cb in self.callbacks:
+            cb.on_fit_end(self)
+        tr = self.cfg.trainer
+        path = getattr(self.tracking, "file_path", None)
+        self.tracking.finish()
+        if tr.plot and path and os.path.isfile(path):
+            from verl.utils.plot import plot_training_curves
+
+            png = plot_training_curves(path, os.path.join(os.path.dirname(path), "curves.png"),
+                                       title=f"{tr.project_name}/{tr.experiment_name}")
+            if png:
+                logger.info("training curves: %s", png)
+                print(f"training curves written to {png}")
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return [_jsonable(x) for x in list(v)]
+    return str(v)
