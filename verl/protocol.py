@@ -791,10 +791,8 @@ def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataPr
         raise ValueError(f"size_divisor must be a positive int, got {size_divisor!r}")
     n = len(data)
     pad_size = (-n) % size_divisor
-    if pad_size == 0:
+    if pad_size == 0:  # includes the empty DataProto
         return data, 0
-    if n == 0:
-        raise ValueError(f"cannot pad an empty DataProto to a multiple of {size_divisor}: there is no row to repeat")
     padded = DataProto.concat([data, data.select_idxs(np.arange(pad_size) % n)])
     padded.meta_info = dict(data.meta_info)
     return padded, pad_size

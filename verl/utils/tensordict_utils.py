@@ -294,10 +294,8 @@ def pad_to_divisor(data: TensorDict, size_divisor: int) -> tuple[TensorDict, int
         raise ValueError(f"size_divisor must be a positive int, got {size_divisor!r}")
     n = data.batch_size[0]
     pad_size = (-n) % size_divisor
-    if pad_size == 0:
+    if pad_size == 0:  # includes the empty TensorDict
         return data, 0
-    if n == 0:
-        raise ValueError(f"cannot pad an empty TensorDict to a multiple of {size_divisor}: there is no row to repeat")
     idx = torch.arange(n + pad_size) % n
     return torch.cat([data, data[idx[n:]]], dim=0), pad_size
 
@@ -352,9 +350,10 @@ def tensordict_to_state(td: TensorDict | None) -> dict | None:
     if td is None:
         return None
     leaves = []
-    for key, tensor in td.items(include_nested=True, leaves_only=True):
-        if not isinstance(tensor, torch.Tensor) or tensor.is_nested or tensor.layout != torch.strided:
-            return {"format": "tensordict", "td": td}
+    flat = _plain_tensor_leaves(td, ())
+    if flat is None:
+        return {"format": "tensordict", "td": td}
+    for key, tensor in flat:
         t = tensor.detach()
         device_type = t.device.type
         if device_type != "cpu":
@@ -367,6 +366,24 @@ def tensordict_to_state(td: TensorDict | None) -> dict | None:
         "device": None if td.device is None else td.device.type,
         "leaves": leaves,
     }
+
+
+def _plain_tensor_leaves(td: TensorDict, prefix: tuple) -> list[tuple[Any, torch.Tensor]] | None:
+    """(key, tensor) for every leaf, or None if any entry is not a plain strided tensor (or a
+    nested TensorDict of them). Keys are strings at top level and tuples below."""
+    out = []
+    for key, value in td.items():
+        full = prefix + (key,)
+        if type(value) is TensorDict:
+            sub = _plain_tensor_leaves(value, full)
+            if sub is None or not sub:  # an empty sub-TensorDict would be lost: keep the object
+                return None
+            out.extend(sub)
+        elif isinstance(value, torch.Tensor) and type(value) is torch.Tensor and not value.is_nested and value.layout == torch.strided:
+            out.append((full[0] if len(full) == 1 else full, value))
+        else:
+            return None
+    return out
 
 
 def tensordict_from_state(state: dict | None) -> TensorDict | None:
