@@ -164,6 +164,44 @@ def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, l
     return data
 
 
+def select_groups_with_variance(batch: DataProto, metric: str) -> tuple[DataProto, int, int]:
+    """Rows of the groups (same `uid`) whose per-response `metric` is not constant.
+
+    `metric` is a reward extra-info column (e.g. `acc`), or `score` / `seq_reward` /
+    `seq_final_reward` for the summed `token_level_scores` (`acc` falls back to the score when
+    the scorer reports no `acc`). Returns (kept rows, kept groups, dropped groups).
+    """
+    if metric in batch.non_tensor_batch:
+        values = [float(v) for v in batch.non_tensor_batch[metric]]
+    elif metric in ("acc", "score", "seq_reward", "seq_final_reward"):
+        values = batch.batch["token_level_scores"].sum(-1).tolist()
+    else:
+        raise ValueError(
+            f"algorithm.filter_groups.metric={metric!r} is neither a reward extra-info column "
+            f"{sorted(batch.non_tensor_batch)} nor one of ['acc', 'score', 'seq_reward', 'seq_final_reward']"
+        )
+    by_uid: dict[Any, list[float]] = defaultdict(list)
+    for uid, v in zip(batch.non_tensor_batch["uid"], values):
+        by_uid[uid].append(v)
+    keep_uids = {u for u, vs in by_uid.items() if len(vs) > 1 and np.std(vs) > 0}
+    keep = [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in keep_uids]
+    return batch.select_idxs(np.array(keep, dtype=np.int64)), len(keep_uids), len(by_uid) - len(keep_uids)
+
+
+def trim_to_whole_groups(batch: DataProto, max_groups: int, n: int, divisor: int) -> DataProto | None:
+    """The first (in order of appearance) at most `max_groups` whole groups, fewer if needed so
+    that groups * n rows split evenly over `divisor` data-parallel workers; None if none fit."""
+    uids = list(dict.fromkeys(batch.non_tensor_batch["uid"]))
+    n_groups = min(len(uids), max_groups)
+    while n_groups > 0 and (n_groups * n) % divisor:
+        n_groups -= 1
+    if n_groups == 0:
+        return None
+    keep_uids = set(uids[:n_groups])
+    idx = [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in keep_uids]
+    return batch.select_idxs(np.array(idx, dtype=np.int64))
+
+
 # ============================================================================ hooks
 class TrainerCallback:
     """Observe or adjust the loop at fixed points without copying `fit()`.
@@ -463,26 +501,10 @@ class RayPPOTrainer:
 
     def filter_groups(self, batch: DataProto, metrics: dict) -> DataProto:
         """DAPO dynamic sampling: keep only groups (same uid) whose `filter_groups.metric` varies."""
-        metric = self.cfg.algorithm.filter_groups.metric
-        if metric in ("seq_final_reward", "seq_reward", "score"):
-            values = batch.batch["token_level_scores"].sum(-1).tolist()
-        elif metric in batch.non_tensor_batch:
-            values = [float(v) for v in batch.non_tensor_batch[metric]]
-        elif metric == "acc":
-            values = batch.batch["token_level_scores"].sum(-1).tolist()
-        else:
-            raise ValueError(
-                f"algorithm.filter_groups.metric={metric!r} is neither a reward extra-info column "
-                f"{sorted(batch.non_tensor_batch)} nor one of ['acc', 'score', 'seq_reward', 'seq_final_reward']"
-            )
-        by_uid: dict[Any, list[float]] = defaultdict(list)
-        for uid, v in zip(batch.non_tensor_batch["uid"], values):
-            by_uid[uid].append(v)
-        keep_uids = {u for u, vs in by_uid.items() if len(vs) > 1 and np.std(vs) > 0}
-        keep = [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in keep_uids]
-        metrics["filter_groups/kept_groups"] = metrics.get("filter_groups/kept_groups", 0) + len(keep_uids)
-        metrics["filter_groups/dropped_groups"] = metrics.get("filter_groups/dropped_groups", 0) + len(by_uid) - len(keep_uids)
-        return batch.select_idxs(np.array(keep, dtype=np.int64))
+        kept, n_kept, n_dropped = select_groups_with_variance(batch, self.cfg.algorithm.filter_groups.metric)
+        metrics["filter_groups/kept_groups"] = metrics.get("filter_groups/kept_groups", 0) + n_kept
+        metrics["filter_groups/dropped_groups"] = metrics.get("filter_groups/dropped_groups", 0) + n_dropped
+        return kept
 
     def collect_batch(self, prompts: Iterator[dict], timing_raw: dict, metrics: dict) -> DataProto | None:
         """Generate and score until this step's training batch is ready.
@@ -527,17 +549,7 @@ class RayPPOTrainer:
         return self._trim_groups(kept, target)
 
     def _trim_groups(self, batch: DataProto, max_groups: int) -> DataProto | None:
-        """At most `max_groups` whole groups, and a row count the data-parallel workers can split."""
-        uids = list(dict.fromkeys(batch.non_tensor_batch["uid"]))  # first-seen order
-        n = self.cfg.rollout.n
-        n_groups = min(len(uids), max_groups)
-        while n_groups > 0 and (n_groups * n) % self.dp_size:
-            n_groups -= 1
-        if n_groups == 0:
-            return None
-        keep_uids = set(uids[:n_groups])
-        idx = [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in keep_uids]
-        return batch.select_idxs(np.array(idx, dtype=np.int64))
+        return trim_to_whole_groups(batch, max_groups, self.cfg.rollout.n, self.dp_size)
 
     def can_skip_old_log_prob(self) -> bool:
         """True when the actor's first forward in `update_actor` computes exactly `old_log_probs`:

@@ -1,0 +1,89 @@
+"""Trainer-level checkpoint orchestration: atomic publication, discovery, crash leftovers, pruning."""
+
+import os
+
+import pytest
+
+from verl.trainer.ppo.checkpoint import (
+    TRACKER_FILE,
+    TRAINER_STATE_FILE,
+    find_latest_ckpt_path,
+    list_checkpoints,
+    prune_checkpoints,
+    remove_stale_tmp_dirs,
+    save_checkpoint_atomically,
+    step_of,
+)
+
+
+def writer(roles=("actor", "critic"), fail_after=None):
+    def write(tmp):
+        for i, role in enumerate(roles):
+            if fail_after is not None and i >= fail_after:
+                raise OSError("disk full")
+            os.makedirs(os.path.join(tmp, role))
+            open(os.path.join(tmp, role, "model.pt"), "w").write(role)
+        open(os.path.join(tmp, TRAINER_STATE_FILE), "w").write("state")
+    return write
+
+
+def test_save_publishes_dir_then_tracker(tmp_path):
+    root = str(tmp_path)
+    assert find_latest_ckpt_path(root) is None
+    path = save_checkpoint_atomically(root, 3, writer())
+    assert path == os.path.join(root, "global_step_3") and step_of(path) == 3
+    assert open(os.path.join(root, TRACKER_FILE)).read() == "3"
+    assert find_latest_ckpt_path(root) == path
+    assert not [n for n in os.listdir(root) if n.startswith(".tmp")]
+
+
+def test_crash_mid_save_leaves_previous_checkpoint_current(tmp_path):
+    root = str(tmp_path)
+    save_checkpoint_atomically(root, 2, writer())
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint_atomically(root, 4, writer(fail_after=1))
+    assert find_latest_ckpt_path(root).endswith("global_step_2")
+    assert not os.path.exists(os.path.join(root, "global_step_4"))
+
+
+def test_hard_crash_leftovers_are_ignored_and_removed(tmp_path):
+    root = str(tmp_path)
+    save_checkpoint_atomically(root, 2, writer())
+    # a process killed mid-write leaves a hidden tmp dir; one killed between rename and tracker
+    # update leaves a complete dir the tracker does not name yet
+    os.makedirs(os.path.join(root, ".tmp_global_step_4_999", "actor"))
+    assert find_latest_ckpt_path(root).endswith("global_step_2")
+    assert remove_stale_tmp_dirs(root) == [os.path.join(root, ".tmp_global_step_4_999")]
+    # a directory without the trainer state (never published by us) is not a checkpoint
+    os.makedirs(os.path.join(root, "global_step_9", "actor"))
+    assert [s for s, _ in list_checkpoints(root)] == [2]
+    # tracker lost: the newest complete directory is found
+    os.remove(os.path.join(root, TRACKER_FILE))
+    save_checkpoint_atomically(root, 5, writer())
+    os.remove(os.path.join(root, TRACKER_FILE))
+    assert find_latest_ckpt_path(root).endswith("global_step_5")
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    root = str(tmp_path)
+    save_checkpoint_atomically(root, 2, writer(roles=("actor",)))
+    save_checkpoint_atomically(root, 2, writer(roles=("actor", "critic")))
+    assert os.path.isdir(os.path.join(root, "global_step_2", "critic"))
+
+
+def test_prune_keeps_newest_per_role(tmp_path):
+    root = str(tmp_path)
+    for s in (1, 2, 3, 4):
+        save_checkpoint_atomically(root, s, writer())
+    prune_checkpoints(root, max_actor_ckpt_to_keep=2, max_critic_ckpt_to_keep=3)
+    have = {s: sorted(os.listdir(p)) for s, p in list_checkpoints(root)}
+    assert have[4] == have[3] == ["actor", "critic", TRAINER_STATE_FILE]
+    assert have[2] == ["critic", TRAINER_STATE_FILE]
+    assert 1 not in have  # no model part left: the directory is gone
+    prune_checkpoints(root, 1, None)
+    assert sorted(os.listdir(os.path.join(root, "global_step_4"))) == ["actor", "critic", TRAINER_STATE_FILE]
+
+
+def test_step_of_rejects_other_names():
+    with pytest.raises(ValueError, match="global_step_N"):
+        step_of("/x/checkpoint_3")

@@ -1,0 +1,209 @@
+"""Driver-side pieces of the loop, without workers: KL in reward, advantages through the
+registry on DataProto, DAPO dynamic sampling, step metrics and validation metrics."""
+
+import numpy as np
+import pytest
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.main_ppo import load_default_config
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, process_validation_metrics
+from verl.trainer.ppo.ray_trainer import (
+    RayPPOTrainer,
+    apply_kl_penalty,
+    compute_advantage,
+    select_groups_with_variance,
+    trim_to_whole_groups,
+)
+from verl.trainer.ppo.utils import validate_config
+
+
+def kl_batch():
+    return DataProto.from_dict(tensors={
+        "old_log_probs": torch.tensor([[-1.0, -1.0, 0.0], [-2.0, -1.0, -1.0]]),
+        "ref_log_prob": torch.tensor([[-1.5, -1.0, 0.0], [-2.0, -2.0, -1.0]]),
+        "response_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),
+        "token_level_scores": torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]]),
+    })
+
+
+def test_apply_kl_penalty_fixed_and_adaptive():
+    data = kl_batch()
+    ctrl = core_algos.get_kl_controller({"type": "adaptive", "kl_coef": 0.1, "target_kl": 0.1, "horizon": 10})
+    data, m = apply_kl_penalty(data, ctrl, kl_penalty="kl")
+    # k1 = old - ref, masked: row0 [0.5, 0, 0], row1 [0, 1, 0]
+    torch.testing.assert_close(data.batch["token_level_rewards"], torch.tensor([[-0.05, 1.0, 0.0], [0.0, -0.1, 2.0]]))
+    # per-sequence masked means 0.25 and 1/3, mean over sequences
+    assert m["actor/reward_kl_penalty"] == pytest.approx((0.25 + 1 / 3) / 2)
+    assert m["actor/reward_kl_penalty_coeff"] == pytest.approx(0.1)
+    # adaptive: e = clip(0.2917/0.1 - 1, -0.2, 0.2) = 0.2; beta *= 1 + 0.2 * 2 / 10
+    assert ctrl.value == pytest.approx(0.1 * 1.04)
+
+    fixed = core_algos.get_kl_controller({"type": "fixed", "kl_coef": 0.1})
+    apply_kl_penalty(kl_batch(), fixed)
+    assert fixed.value == 0.1
+
+
+def test_compute_advantage_grpo_groups_by_uid_not_position():
+    # two groups interleaved out of order: a b a b
+    scores = torch.zeros(4, 3)
+    scores[:, 1] = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": scores, "response_mask": torch.tensor([[1, 1, 0]] * 4)},
+        non_tensors={"uid": np.array(["a", "b", "a", "b"], dtype=object)},
+    )
+    data = compute_advantage(data, "grpo", norm_adv_by_std_in_grpo=True)
+    adv = data.batch["advantages"]
+    # group a: rewards (1, 0): mean 0.5, std (unbiased) 0.7071 -> +-0.7071; group b: all 0 -> 0
+    torch.testing.assert_close(adv[:, 0], torch.tensor([0.7071, 0.0, -0.7071, 0.0]), atol=1e-3, rtol=0)
+    assert torch.all(adv[:, 2] == 0)  # padding gets nothing
+    assert not adv.requires_grad
+
+
+def test_compute_advantage_gae_reference_numbers():
+    # ALGORITHMS.md reference: raw advantages [[2.160025, 0.655, 1.0], [0.945, -1.0, 0.0]], then whitened
+    data = DataProto.from_dict(
+        tensors={
+            "token_level_rewards": torch.tensor([[1.0, 2, 3], [2, 1, 0]]),
+            "values": torch.tensor([[3.0, 4, 2], [2, 2, 0]]),
+            "response_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+        },
+        non_tensors={"uid": np.array(["x", "y"], dtype=object)},
+    )
+    algo = validate_config(load_default_config([])).algorithm
+    data = compute_advantage(data, "gae", gamma=0.9, lam=0.95, config=algo)
+    raw = torch.tensor([2.160025, 0.655, 1.0, 0.945, -1.0])
+    torch.testing.assert_close(data.batch["returns"][data.batch["response_mask"].bool()],
+                               raw + torch.tensor([3.0, 4, 2, 2, 2]), atol=1e-5, rtol=0)
+    whitened = data.batch["advantages"][data.batch["response_mask"].bool()]
+    assert whitened.mean().abs() < 1e-5 and data.batch["advantages"][1, 2] == 0
+
+
+def group_batch(uids, scores, extra=None):
+    non_tensors = {"uid": np.array(uids, dtype=object)}
+    if extra:
+        non_tensors.update({k: np.array(v, dtype=object) for k, v in extra.items()})
+    t = torch.zeros(len(uids), 2)
+    t[:, 0] = torch.tensor(scores, dtype=torch.float32)
+    return DataProto.from_dict(tensors={"token_level_scores": t}, non_tensors=non_tensors)
+
+
+def test_select_groups_with_variance_and_trim():
+    b = group_batch(["a", "a", "b", "b", "c", "c"], [1, 1, 0, 1, 0, 0])
+    kept, n_kept, n_drop = select_groups_with_variance(b, "acc")
+    assert (n_kept, n_drop) == (1, 2) and list(kept.non_tensor_batch["uid"]) == ["b", "b"]
+    # an extra-info column is used when present (here: variance in acc although scores are equal)
+    b = group_batch(["a", "a"], [1, 1], extra={"acc": [True, False]})
+    assert select_groups_with_variance(b, "acc")[1] == 1
+    with pytest.raises(ValueError, match="filter_groups.metric='nope'"):
+        select_groups_with_variance(b, "nope")
+
+    b = group_batch(["a", "a", "b", "b", "c", "c"], [0] * 6)
+    assert list(trim_to_whole_groups(b, 2, n=2, divisor=1).non_tensor_batch["uid"]) == ["a", "a", "b", "b"]
+    # 3 groups * 2 rows = 6 rows do not split over 4 workers: 2 groups (4 rows) do
+    assert len(trim_to_whole_groups(b, 3, n=2, divisor=4)) == 4
+    assert trim_to_whole_groups(b.select_idxs([0, 1]), 3, n=2, divisor=4) is None
+
+
+class StubGenTrainer(RayPPOTrainer):
+    """The real `collect_batch` loop with generation and reward replaced by scripted scores."""
+
+    dp_size = 1
+
+    def __init__(self, overrides, rounds):
+        self.config = load_default_config(overrides)
+        self.cfg = validate_config(self.config)
+        self.callbacks = []
+        self.global_steps = 1
+        self.rounds = iter(rounds)
+
+    def generate(self, batch, timing_raw):
+        return batch.repeat(self.cfg.rollout.n, interleave=True)
+
+    def compute_reward(self, batch, timing_raw, metrics):
+        s = torch.zeros(len(batch), 2)
+        s[:, 0] = torch.tensor(next(self.rounds), dtype=torch.float32)
+        batch.batch["token_level_scores"] = s
+        return batch
+
+
+def prompts(n_batches, bs=2):
+    for b in range(n_batches):
+        yield {"input_ids": torch.arange(bs * 3).view(bs, 3) + 100 * b, "data_source": np.array(["t"] * bs, dtype=object)}
+
+
+DAPO = ["algorithm.adv_estimator=grpo", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.rollout.n=2", "algorithm.filter_groups.enable=True"]
+
+
+def test_dynamic_sampling_keeps_generating_until_enough_groups():
+    # round 1: group 0 all right (dropped), group 1 mixed; round 2: both mixed -> 3 kept, trimmed to 2
+    t = StubGenTrainer(DAPO, rounds=[[1, 1, 0, 1], [0, 1, 1, 0]])
+    metrics = {}
+    batch = t.collect_batch(prompts(5), {}, metrics)
+    assert len(batch) == 4 and len(set(batch.non_tensor_batch["uid"])) == 2
+    assert batch.non_tensor_batch["uid"][0] == "1-0-1"  # the surviving group of round 0 comes first
+    assert metrics["filter_groups/num_gen_batches"] == 2
+    assert (metrics["filter_groups/kept_groups"], metrics["filter_groups/dropped_groups"]) == (3, 1)
+
+
+def test_dynamic_sampling_cap_and_dynamic_batch():
+    t = StubGenTrainer(DAPO + ["algorithm.filter_groups.max_num_gen_batches=1"], rounds=[[1, 1, 0, 1]])
+    batch = t.collect_batch(prompts(5), {}, {})
+    assert len(batch) == 2  # capped after one round: train on the one group collected
+    t = StubGenTrainer(DAPO + ["algorithm.filter_groups.keep_generating=False"], rounds=[[1, 1, 0, 1]])
+    assert len(t.collect_batch(prompts(5), {}, {})) == 2
+    t = StubGenTrainer(DAPO + ["algorithm.filter_groups.keep_generating=False"], rounds=[[1, 1, 0, 0]])
+    assert t.collect_batch(prompts(5), {}, {}) is None  # nothing to learn from: the step is skipped
+
+
+def test_no_dynamic_sampling_is_one_round():
+    t = StubGenTrainer([o for o in DAPO if "filter_groups" not in o], rounds=[[1, 1, 1, 1]])
+    assert len(t.collect_batch(prompts(5), {}, {})) == 4
+
+
+def step_batch():
+    # 2 responses of width 4 (limit 4), prompts of width 3
+    attn = torch.tensor([[0, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1]])
+    rmask = attn[:, 3:].clone()
+    return DataProto.from_dict(tensors={
+        "responses": torch.ones(2, 4, dtype=torch.long),
+        "attention_mask": attn,
+        "response_mask": rmask,
+        "token_level_scores": torch.tensor([[0, 1.0, 0, 0], [0, 0, 0, 0.0]]),
+        "token_level_rewards": torch.tensor([[0, 0.5, 0, 0], [0, 0, 0, -0.5]]),
+        "advantages": torch.tensor([[1.0, 1.0, 1.0, 9], [-1, -1, -1, -1]]),
+        "returns": torch.tensor([[1.0, 1.0, 0, 0], [0, 0, 0, 0]]),
+        "values": torch.tensor([[0.5, 0.5, 0, 0], [0, 0, 0, 0]]),
+    })
+
+
+def test_compute_data_metrics_numbers():
+    m = compute_data_metrics(step_batch(), use_critic=True, max_response_length=4, max_prompt_length=3)
+    assert m["critic/score/mean"] == pytest.approx(0.5) and m["critic/score/max"] == 1.0
+    assert m["critic/rewards/mean"] == 0.0 and m["critic/rewards/min"] == -0.5
+    assert m["critic/advantages/max"] == 1.0  # the 9 sits on padding and is excluded
+    assert m["response_length/mean"] == 3.5 and m["response_length/clip_ratio"] == 0.5
+    assert m["prompt_length/mean"] == 2.5 and m["prompt_length/clip_ratio"] == 0.5
+    assert "critic/vf_explained_var" in m and "critic/values/mean" in m
+    t = compute_timing_metrics(step_batch(), {"gen": 0.6, "update_actor": 1.3, "step": 2.0})
+    assert t["timing_s/gen"] == 0.6 and t["timing_per_token_ms/gen"] == pytest.approx(1000 * 0.6 / 7)
+    assert t["timing_per_token_ms/update_actor"] == pytest.approx(1000 * 1.3 / 12)
+
+
+def test_process_validation_metrics():
+    out = process_validation_metrics(
+        ["ds"] * 4 + ["other"] * 2,
+        ["p1", "p1", "p2", "p2", "q", "q"],
+        {"reward": [1.0, 0.0, 1.0, 1.0, 0.0, 0.0], "pred": ["7", "8", "3", "3", "1", "2"]},
+    )
+    ds = out["ds"]["reward"]
+    assert ds["mean@2"] == pytest.approx(0.75)
+    # best of 2 draws with replacement from (1, 0) is 1 with probability 3/4; from (1, 1) always 1
+    assert ds["best@2/mean"] == pytest.approx((0.75 + 1.0) / 2, abs=0.05)
+    assert ds["worst@2/mean"] == pytest.approx((0.25 + 1.0) / 2, abs=0.05)
+    assert "maj@2/mean" in ds
+    assert out["other"]["reward"]["mean@2"] == 0.0
+    single = process_validation_metrics(["d", "d"], ["a", "b"], {"reward": [1.0, 0.0]})
+    assert single == {"d": {"reward": {"mean@1": 0.5, "std@1": 0.0}}}
