@@ -1,0 +1,234 @@
+"""`HFRollout`: batched sampling with a KV cache on a Hugging Face causal LM (CPU and GPU).
+
+The engine runs its own decoding loop on `model(...)` with a `DynamicCache` rather than
+`generate()`, because it must control exactly what the trainer relies on:
+
+- the log-probability of every sampled token under the distribution it was sampled from
+  (`log_softmax(logits / T)`, T = the sampling temperature; greedy decoding reports T = 1 unless a
+  temperature > 0 is configured, so that the learner, which divides by the same T, agrees);
+- exact EOS handling: the first EOS is kept, every later position is padding with mask 0;
+- identical prompts (the trainer repeats each prompt `rollout.n` times) are prefilled once and
+  their KV cache is copied to the repeats;
+- FSDP2: with 2+ ranks the full parameters are gathered once for the whole generation
+  (`fsdp_utils.full_parameters`); decoding then runs without collectives, so ranks may stop after
+  different numbers of steps. With one rank the actor's module is used as it is (no copy).
+
+Sampling: temperature, top-k (-1 = off), top-p (1.0 = off), or greedy (`do_sample=False`).
+Validation (`meta_info["validate"]`) uses `rollout.val_kwargs`. Randomness comes from torch's
+global generator (seeded by the worker, saved in checkpoints).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+
+from verl.utils.fsdp_utils import autocast_context, full_parameters
+from verl.workers.rollout.base import BaseRollout, assemble_rollout_output, eos_id_list, register_rollout
+
+__all__ = ["HFRollout", "filter_logits_top_k_top_p"]
+
+
+def filter_logits_top_k_top_p(logits: torch.Tensor, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus (top-p) set to -inf. [b, V] -> [b, V].
+
+    top-p keeps the smallest set of most likely tokens whose probability mass reaches `top_p`
+    (the most likely token is always kept).
+    """
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@register_rollout("hf")
+class HFRollout(BaseRollout):
+    """Rollout on a Hugging Face causal LM.
+
+    Args:
+        module: the policy (the actor's FSDP2/plain module, or a separate copy).
+        config: `RolloutConfig`.
+        compute_dtype: autocast dtype of the forward passes (the actor's), or None.
+        owns_module: True when `module` is a separate copy that receives the actor's weights
+            through `update_weights` (e.g. a bf16 copy); False (default) when it *is* the actor.
+    """
+
+    def __init__(self, module: torch.nn.Module, config, compute_dtype: torch.dtype | None = None, owns_module: bool = False):
+        super().__init__(config)
+        self.module = module
+        self.compute_dtype = compute_dtype
+        self.owns_module = owns_module
+
+    # ------------------------------------------------------------------------------------------
+
+    def shares_weights_with(self, module: torch.nn.Module) -> bool:
+        return not self.owns_module and module is self.module
+
+    def _cache_kwarg(self) -> str:
+        # transformers >= 5.2x names the KV-cache argument `cache` (`past_key_values` is deprecated)
+        params = inspect.signature(type(self.module).forward).parameters
+        return "cache" if "cache" in params else "past_key_values"
+
+    @staticmethod
+    def _out_cache(out):
+        cache = getattr(out, "past_key_values", None)
+        return cache if cache is not None else getattr(out, "cache", None)
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    @property
+    def _device_type(self) -> str:
+        return "cuda" if self._device.type == "cuda" else "cpu"
+
+    def _sampling_params(self, meta: dict) -> dict:
+        cfg = self.config
+        if meta.get("validate", False):
+            vk = cfg.val_kwargs
+            params = {"do_sample": vk.do_sample, "temperature": vk.temperature, "top_k": vk.top_k, "top_p": vk.top_p}
+        else:
+            params = {
+                "do_sample": meta.get("do_sample", cfg.do_sample),
+                "temperature": meta.get("temperature", cfg.temperature),
+                "top_k": meta.get("top_k", cfg.top_k),
+                "top_p": meta.get("top_p", cfg.top_p),
+            }
+        if params["do_sample"] and not params["temperature"] > 0:
+            raise ValueError(f"sampling needs temperature > 0, got {params['temperature']} (use do_sample=False for greedy)")
+        return params
+
+    @torch.no_grad()
+    def generate_sequences(self, prompts):
+        """See `BaseRollout.generate_sequences`. `rollout.micro_batch_size` bounds the rows per
+        decoding batch (null = all rows at once)."""
+        meta = prompts.meta_info
+        params = self._sampling_params(meta)
+        eos_ids = eos_id_list(meta.get("eos_token_id", getattr(getattr(self.module, "generation_config", None), "eos_token_id", None)))
+        pad_id = meta.get("pad_token_id")
+        if pad_id is None:
+            pad_id = getattr(getattr(self.module, "config", None), "pad_token_id", None)
+        if pad_id is None:
+            pad_id = eos_ids[0] if eos_ids else 0
+        resp_len = int(meta.get("response_length", self.config.response_length))
+        input_ids = prompts.batch["input_ids"]
+        attention_mask = prompts.batch["attention_mask"]
+        position_ids = prompts.batch["position_ids"]
+        n = input_ids.shape[0]
+        chunk = self.config.micro_batch_size or n
+        tokens, log_probs = [], []
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with full_parameters(self.module):
+                for start in range(0, n, chunk):
+                    sl = slice(start, start + chunk)
+                    t, lp = self._generate_chunk(input_ids[sl], attention_mask[sl], position_ids[sl], resp_len, params, eos_ids, int(pad_id))
+                    tokens.append(t)
+                    log_probs.append(lp)
+        finally:
+            self.module.train(was_training)
+        responses = torch.cat(tokens, dim=0)
+        lps = torch.cat(log_probs, dim=0) if self.config.calculate_log_probs else None
+        return assemble_rollout_output(
+            input_ids, attention_mask, position_ids, responses, lps, eos_ids, int(pad_id), ignore_eos=bool(self.config.ignore_eos)
+        )
+
+    def _prefill(self, input_ids, attention_mask, position_ids):
+        """Forward the prompts once per distinct prompt; return last-position logits and the cache
+        expanded to every row."""
+        b = input_ids.shape[0]
+        key = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
+        uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+        if uniq.shape[0] < b:
+            first = torch.full((uniq.shape[0],), b, dtype=torch.long, device=input_ids.device)
+            first = first.scatter_reduce(0, inverse, torch.arange(b, device=input_ids.device), reduce="amin")
+            out = self.module(input_ids=input_ids[first], attention_mask=attention_mask[first], position_ids=position_ids[first], use_cache=True)
+            cache = self._out_cache(out)
+            cache.reorder_cache(inverse)
+            return out.logits[:, -1, :].float()[inverse], cache
+        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+        return out.logits[:, -1, :].float(), self._out_cache(out)
+
+    def _generate_chunk(self, input_ids, attention_mask, position_ids, resp_len: int, params: dict, eos_ids: list[int], pad_id: int):
+        device = self._device
+        input_ids = input_ids.to(device)
+        attention_mask = attention_mask.to(device)
+        position_ids = position_ids.to(device)
+        b = input_ids.shape[0]
+        greedy = not params["do_sample"]
+        temperature = float(params["temperature"]) if params["temperature"] and params["temperature"] > 0 else 1.0
+        eos = torch.tensor(eos_ids, device=device, dtype=torch.long) if eos_ids and not self.config.ignore_eos else None
+        tokens = torch.full((b, resp_len), pad_id, dtype=torch.long, device=device)
+        lps = torch.zeros((b, resp_len), dtype=torch.float32, device=device)
+        finished = torch.zeros(b, dtype=torch.bool, device=device)
+        mask = attention_mask
+        last_pos = position_ids[:, -1]
+        cache_kw = self._cache_kwarg()
+        with autocast_context(self._device_type, self.compute_dtype):
+            logits, cache = self._prefill(input_ids, attention_mask, position_ids)
+            for t in range(resp_len):
+                scaled = logits / temperature
+                logp = torch.log_softmax(scaled, dim=-1)
+                if greedy:
+                    tok = logits.argmax(dim=-1)
+                else:
+                    filtered = filter_logits_top_k_top_p(scaled, params["top_k"], params["top_p"])
+                    tok = torch.multinomial(torch.softmax(filtered, dim=-1), num_samples=1).squeeze(-1)
+                tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
+                tokens[:, t] = tok
+                lps[:, t] = torch.where(finished, torch.zeros((), device=device), logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1))
+                alive = ~finished
+                if eos is not None:
+                    finished = finished | torch.isin(tok, eos)
+                if t == resp_len - 1 or bool(finished.all()):
+                    break
+                # the token just generated is attended to if it was generated while alive (EOS too)
+                mask = torch.cat([mask, alive.to(mask.dtype).unsqueeze(1)], dim=1)
+                last_pos = last_pos + 1
+                out = self.module(
+                    input_ids=tok.unsqueeze(1), attention_mask=mask, position_ids=last_pos.unsqueeze(1), use_cache=True, **{cache_kw: cache}
+                )
+                cache = self._out_cache(out)
+                logits = out.logits[:, -1, :].float()
+        return tokens.cpu(), lps.cpu()
+
+    # ------------------------------------------------------------------------------------------
+    # weights
+
+    @torch.no_grad()
+    def update_weights(self, weights) -> None:
+        """Copy the actor's full weights into a separate module (strict: every name and shape
+        must match, else RuntimeError). A no-op when the engine shares the actor's module."""
+        if not self.owns_module:
+            return
+        state = dict(weights.items() if hasattr(weights, "items") else weights)
+        result = self.module.load_state_dict(state, strict=False)
+        missing = [k for k in result.missing_keys]
+        if missing or result.unexpected_keys:
+            raise RuntimeError(
+                f"rollout weight sync failed: missing {missing[:10]} unexpected {list(result.unexpected_keys)[:10]}"
+            )
+
+    @torch.no_grad()
+    def probe_log_probs(self, input_ids, attention_mask, position_ids, responses) -> torch.Tensor:
+        device = self._device
+        resp_len = responses.shape[1]
+        ctx = full_parameters(self.module) if not self.owns_module else contextlib.nullcontext()
+        with ctx, autocast_context(self._device_type, self.compute_dtype):
+            logits = self.module(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), position_ids=position_ids.to(device), use_cache=False
+            ).logits
+        logits = logits[:, -resp_len - 1 : -1].float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, responses.to(device).unsqueeze(-1)).squeeze(-1)
+        return lp.cpu()
