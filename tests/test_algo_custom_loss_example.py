@@ -37,7 +37,7 @@ def test_example_loss_runs_and_matches_its_formula(example_module):
     logp = torch.log(torch.tensor([[3.0, 1.0, 0.5], [1.0, 1.0, 1.0]])).requires_grad_(True)
     adv = torch.tensor([[1.0, 1.0, -1.0], [2.0, 2.0, 2.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    for config in (ActorConfig(), {"policy_loss": {"truncation": 2.0}}):
+    for config in (ActorConfig(), {"policy_loss": {"extra": {"truncation": 2.0}}}):
         loss, metrics = core_algos.unpack_policy_loss_output(fn(old, logp, adv, mask, "token-mean", config))
         weight = torch.tensor([[2.0, 1.0, 0.5], [1.0, 1.0, 1.0]])
         expected = (-(weight * adv * logp.detach()) * mask).sum() / mask.sum()
@@ -45,6 +45,10 @@ def test_example_loss_runs_and_matches_its_formula(example_module):
         assert metrics["actor/pg_clipfrac"] == pytest.approx(1 / 5)
         (grad,) = torch.autograd.grad(loss, logp)
         torch.testing.assert_close(grad, -(weight * adv) * mask / 5)
+    # the knob is read from actor.policy_loss.extra
+    tight, _ = fn(old, logp, adv, mask, "token-mean", {"policy_loss": {"extra": {"truncation": 1.0}}})
+    expected_tight = (-(torch.clamp(weight, max=1.0) * adv * logp.detach()) * mask).sum() / mask.sum()
+    assert tight.item() == pytest.approx(expected_tight.item(), abs=1e-6)
 
 
 def test_example_loss_is_micro_batch_exact(example_module):

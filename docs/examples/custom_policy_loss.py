@@ -3,12 +3,12 @@
 Use it without editing the package:
 
     python -m verl.trainer.main_ppo \
+        trainer.external_modules=[docs/examples/custom_policy_loss.py] \
         actor_rollout_ref.actor.policy_loss.loss_mode=truncated_pg \
-        +actor_rollout_ref.actor.policy_loss.truncation=2.0 \
-        <the config key that lists user modules>=docs/examples/custom_policy_loss.py
+        +actor_rollout_ref.actor.policy_loss.extra.truncation=2.0
 
-(`VERL_USE_EXTERNAL_MODULES=path.to.module` works as well.) The file is imported in every worker
-process, so the decorator runs before the actor looks up `loss_mode`.
+(`VERL_USE_EXTERNAL_MODULES=path.to.module` works as well.) The file is imported in the driver and
+in every worker process, so the decorator runs before the actor looks up `loss_mode`.
 
 The loss is REINFORCE with a stop-gradient importance weight truncated from above:
     per token  -sg(min(ratio, c)) * A * log_prob,   ratio = exp(log_prob - old_log_prob)
@@ -30,8 +30,9 @@ def compute_policy_loss_truncated_pg(
     config=None,  # actor config (dataclass) or a dict
     rollout_is_weights: torch.Tensor | None = None,  # [B, L] detached, or None
 ):
-    # knobs may live under actor.policy_loss (dataclass or dict); config_get handles both
-    truncation = float(config_get(config_get(config, "policy_loss"), "truncation", 2.0))
+    # user knobs live in actor.policy_loss.extra; config_get reads dataclasses and dicts alike
+    extra = config_get(config_get(config, "policy_loss"), "extra", {})
+    truncation = float(config_get(extra, "truncation", 2.0))
 
     log_ratio = torch.clamp(log_prob - old_log_prob, -20.0, 20.0).detach()
     ratio = torch.exp(log_ratio)

@@ -39,6 +39,8 @@ class PolicyLossConfig(BaseConfig):
     tau_neg: float = 1.05
     # reinforce / pg: multiply by the stop-gradient ratio (off-policy correction)
     pg_use_ratio: bool = False
+    # free-form knobs for user-registered losses (read with core_algos.config_get(cfg.policy_loss.extra, key))
+    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         check_range("actor.policy_loss", "tau_pos", self.tau_pos, low=0.0, low_open=True)
