@@ -39,6 +39,18 @@ class DataConfig(BaseConfig):
     - `val_batch_size`: null puts the whole validation set into one generation call.
     - `seed`: seed of the shuffling sampler (the order is a function of seed and epoch, so a
       resumed run sees the same samples as an uninterrupted one).
+    - `prompt_key`: column holding the prompt (a list of chat messages).
+    - `reward_fn_key`: column naming the data source; it selects the scorer and groups the
+      validation metrics.
+    - `max_response_length`: tokens generated per response at most (the rollout's limit).
+    - `return_raw_chat`: keep the chat messages of each prompt in the batch (`raw_prompt`).
+    - `return_full_prompt`: keep the prompt text after the chat template (`full_prompts`).
+    - `shuffle`: shuffle the training prompts (seeded, see `seed`).
+    - `validation_shuffle`: shuffle the validation prompts.
+    - `filter_overlong_prompts`: drop prompts longer than `max_prompt_length` when loading.
+    - `dataloader_num_workers`: background processes of the dataloader (0: in the driver).
+    - `custom_cls`: a dataset class of your own (`path` to a .py file or module, class `name`)
+      used instead of `RLHFDataset`.
     """
 
     tokenizer: str | None = None

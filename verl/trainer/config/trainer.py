@@ -31,6 +31,24 @@ class TrainerConfig(BaseConfig):
     - `callbacks`: `file.py:Class` / `module:Class` of `TrainerCallback`s (hooks on the loop).
     - `role_pools`: give a role its own resource pool instead of sharing the actor's processes,
       e.g. `{critic: [1]}` (processes per node); roles: critic, ref, rm.
+    - `nnodes`: machines of the Ray cluster used by the run.
+    - `total_epochs`: passes over the training data (unless `total_training_steps` stops earlier).
+    - `project_name` / `experiment_name`: names for the loggers and the default directories.
+    - `logger`: backends: console, file, tensorboard, wandb, mlflow.
+    - `log_val_generations`: validation samples (input, output, score) shown per validation.
+    - `rollout_data_dir`: when set, every step's rollouts (prompt, response, score) go to
+      `<dir>/<step>.jsonl`.
+    - `validation_data_dir`: when set, every validation's generations go to `<dir>/<step>.jsonl`.
+    - `balance_batch`: reorder each batch so every data-parallel worker gets a similar number of
+      tokens.
+    - `val_before_train`: validate once before the first step.
+    - `val_only`: validate and stop (no training).
+    - `critic_warmup`: steps that train only the critic before the actor starts to update.
+    - `resume_from_path`: the `global_step_N` directory to load with `resume_mode=resume_path`.
+    - `default_local_dir`: where `global_step_N` checkpoints are written.
+    - `max_actor_ckpt_to_keep` / `max_critic_ckpt_to_keep`: how many actor / critic checkpoints
+      to keep (null: all); older ones are deleted after each save.
+    - `seed`: seed of the driver's random generators.
     """
 
     device: str = "auto"
@@ -103,8 +121,10 @@ class CustomRewardFunctionConfig(BaseConfig):
     """A user scoring function `fn(data_source, solution_str, ground_truth, extra_info=None, **kw)`
     returning a float or a dict with a `score` entry (other entries are logged).
 
-    `path`: a .py file or an importable module path; null uses the shipped
-    `default_compute_score`. `reward_kwargs` are passed to every call.
+    - `path`: a .py file or an importable module path; null uses the shipped
+      `default_compute_score`.
+    - `name`: the function's name in that file.
+    - `reward_kwargs`: keyword arguments added to every call.
     """
 
     path: str | None = None
@@ -118,6 +138,10 @@ class RayKwargsConfig(BaseConfig):
 
     With no `address` (and no RAY_ADDRESS in the environment) a private single-machine Ray is
     started on loopback; with one, the driver joins that cluster.
+
+    - `ray_init`: keyword arguments of `ray.init`; `num_cpus` (null: all CPUs of this machine)
+      and `address` (null: a private local Ray; `auto` or `host:port`: join a cluster).
+    - `timeline_json_file`: when set, a Ray timeline (chrome://tracing) is written there at the end.
     """
 
     ray_init: dict[str, Any] = field(default_factory=dict)

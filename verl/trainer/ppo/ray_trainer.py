@@ -316,6 +316,11 @@ class RayPPOTrainer:
 
         self.global_steps = 0
         self.epoch = 0
+        # the driver's generators (restored from a checkpoint on resume)
+        seed = self.cfg.trainer.seed
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
         self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
 
     # ------------------------------------------------------------------ data
