@@ -47,19 +47,19 @@ logger = logging.getLogger(__name__)
 _MODEL_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
 
 
-def _group_size(group) -> int:
+def group_size(group) -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(group)
     return 1
 
 
-def _reduce_device(group) -> torch.device:
+def reduce_device(group) -> torch.device:
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-class _Meter:
+class StepMeter:
     """Per-optimizer-step metrics, reduced over data-parallel ranks in one collective at the end.
 
     - `add_sum(name, v)`: values whose sum over micro-batches and ranks is the mini-batch value
@@ -92,7 +92,7 @@ class _Meter:
             rows.append([s["sum"].get(k, 0.0) for k in sum_names] + [s["wsum"].get(k, 0.0) for k in w_names] + [s["w"].get(k, 0.0) for k in w_names])
         table = torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros((0, 0), dtype=torch.float64)
         if dp_size > 1 and table.numel():
-            t = table.to(_reduce_device(group))
+            t = table.to(reduce_device(group))
             dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
             table = t.cpu()
         out: dict[str, list[float]] = defaultdict(list)
@@ -138,7 +138,7 @@ class DataParallelPPOActor(BasePPOActor):
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.process_group = process_group
-        self.dp_size = _group_size(process_group)
+        self.dp_size = group_size(process_group)
         self.compute_dtype = compute_dtype
         self.use_remove_padding = use_remove_padding
         self.pad_token_id = int(pad_token_id or 0)
@@ -273,7 +273,7 @@ class DataParallelPPOActor(BasePPOActor):
             gathered = [None] * self.dp_size
             dist.all_gather_object(gathered, local, group=self.process_group)
             return core_algos.merge_batch_loss_stats(gathered)
-        t = torch.tensor([local.num_tokens, local.num_seqs], dtype=torch.int64, device=_reduce_device(self.process_group))
+        t = torch.tensor([local.num_tokens, local.num_seqs], dtype=torch.int64, device=reduce_device(self.process_group))
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
         return core_algos.BatchLossStats(num_tokens=int(t[0]), num_seqs=int(t[1]))
 
@@ -282,7 +282,7 @@ class DataParallelPPOActor(BasePPOActor):
         if self.dp_size == 1:
             return finite
         # every rank must take the same branch: backward runs FSDP collectives
-        t = torch.tensor([1 if finite else 0], dtype=torch.int64, device=_reduce_device(self.process_group))
+        t = torch.tensor([1 if finite else 0], dtype=torch.int64, device=reduce_device(self.process_group))
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.process_group)
         return bool(t.item())
 
@@ -364,7 +364,7 @@ class DataParallelPPOActor(BasePPOActor):
 
         policy_loss_fn = core_algos.get_policy_loss_fn(core_algos.config_get(cfg.policy_loss, "loss_mode", "vanilla"))
         calc_entropy = cfg.entropy_coeff != 0
-        meter = _Meter()
+        meter = StepMeter()
         self.actor_module.train()
         params = [p for p in self.actor_module.parameters() if p.requires_grad]
         resp_len = batch["responses"].shape[-1]

@@ -1,0 +1,221 @@
+"""`DataParallelPPOCritic`: the value model engine (FSDP2-sharded or single process).
+
+The model is a token-classification head with one output over a causal-LM backbone
+(`verl.utils.model.build_value_model`): `logits[..., 0]` at position t is V(s_t). The value of
+response token j is read at the position *before* it (the state in which token j was chosen), the
+same convention as the log-probs. Micro-batches are length-sorted and padding-free like the actor's
+(`compact_rows`), and the clipped value loss is aggregated with `core_algos.global_batch_info`
+so gradient accumulation is exact for any micro-batch split and world size.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from verl.trainer.ppo import core_algos
+from verl.utils.fsdp_utils import autocast_context, clip_grad_norm_
+from verl.utils.seqlen_balancing import compact_rows, plan_micro_batches
+from verl.workers.actor.dp_actor import StepMeter, group_size, reduce_device
+from verl.workers.critic.base import BasePPOCritic
+
+__all__ = ["DataParallelPPOCritic"]
+
+logger = logging.getLogger(__name__)
+
+_MODEL_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
+
+
+class DataParallelPPOCritic(BasePPOCritic):
+    """PPO critic engine (upstream name and constructor).
+
+    Args:
+        config: `CriticConfig` with `ppo_mini_batch_size` already per rank in sequences.
+        critic_module: value model whose output `.logits` is [b, T, 1].
+        critic_optimizer: its optimizer.
+        process_group, compute_dtype, use_remove_padding, pad_token_id: as `DataParallelPPOActor`.
+    """
+
+    def __init__(self, config, critic_module, critic_optimizer=None, process_group=None, compute_dtype=None, use_remove_padding: bool = True, pad_token_id: int = 0):
+        super().__init__(config)
+        self.critic_module = critic_module
+        self.critic_optimizer = critic_optimizer
+        self.process_group = process_group
+        self.dp_size = group_size(process_group)
+        self.compute_dtype = compute_dtype
+        self.use_remove_padding = use_remove_padding
+        self.pad_token_id = int(pad_token_id or 0)
+        self.last_padding_stats: dict[str, float] = {}
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.critic_module.parameters()).device
+
+    def _forward_micro_batch(self, micro):
+        """Values [m, R] of the response positions (0 where the response token is padding)."""
+        device = self._device
+        responses = micro["responses"]
+        input_ids = micro["input_ids"].to(device)
+        attention_mask = micro["attention_mask"].to(device)
+        position_ids = micro["position_ids"].to(device)
+        resp_len = responses.shape[-1]
+        prompt_width = input_ids.shape[-1] - resp_len
+        resp_valid = attention_mask[:, prompt_width:].bool()
+        device_type = "cuda" if device.type == "cuda" else "cpu"
+        with autocast_context(device_type, self.compute_dtype):
+            if self.use_remove_padding:
+                packed = compact_rows(input_ids, attention_mask, position_ids, self.pad_token_id)
+                out = self.critic_module(input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids, use_cache=False)
+                values = out.logits[..., 0]
+                target = packed.column_index[:, prompt_width:] - 1
+                resp_valid = resp_valid & (target >= 0)
+                values = torch.gather(values, 1, target.clamp(min=0))
+                stats = (packed.valid_tokens, packed.token_slots)
+            else:
+                out = self.critic_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+                values = out.logits[..., 0][:, prompt_width - 1 : -1]
+                stats = (int(attention_mask.sum()), input_ids.numel())
+        values = values.float()
+        return torch.where(resp_valid, values, torch.zeros((), dtype=values.dtype, device=values.device)), stats
+
+    def _plan(self, batch, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
+        mask = batch["attention_mask"]
+        lengths = mask.sum(-1).tolist() if self.use_remove_padding else [mask.shape[-1]] * mask.shape[0]
+        if use_dynamic_bsz:
+            return plan_micro_batches(lengths, max_token_len=int(max_token_len), dp_group=self.process_group)
+        size = int(micro_batch_size) if micro_batch_size else len(lengths)
+        return plan_micro_batches(lengths, micro_batch_size=size, sort_by_length=self.use_remove_padding)
+
+    @torch.no_grad()
+    def compute_values(self, data) -> torch.Tensor:
+        """V(s) of every response position [b, R], times the response mask.
+
+        meta_info: `micro_batch_size`, or `use_dynamic_bsz` + `max_token_len`.
+        """
+        meta = data.meta_info
+        batch = data.batch.select(*_MODEL_INPUTS, "response_mask")
+        groups = self._plan(batch, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len"))
+        n, resp_len = batch["responses"].shape
+        values = torch.zeros((n, resp_len), dtype=torch.float32)
+        valid_sum = slot_sum = 0
+        was_training = self.critic_module.training
+        self.critic_module.eval()
+        try:
+            for group in groups:
+                idx = torch.tensor(group, dtype=torch.long)
+                v, (valid, slots) = self._forward_micro_batch(batch[idx])
+                values[idx] = v.cpu()
+                valid_sum += valid
+                slot_sum += slots
+        finally:
+            self.critic_module.train(was_training)
+        self.last_padding_stats = {"padding_waste": 1.0 - valid_sum / slot_sum if slot_sum else 0.0}
+        return values * batch["response_mask"].to(values.dtype)
+
+    def update_critic(self, data) -> dict[str, list[float]]:
+        """Clipped value-loss updates: `ppo_epochs` x mini-batches x micro-batches.
+
+        Batch keys: model inputs, `response_mask`, `values` (V_old from compute_values), `returns`.
+        Returns metrics (one value per optimizer step): `critic/vf_loss`, `critic/vf_clipfrac`,
+        `critic/vpred_mean`, `critic/vf_explained_var` (of the predictions before each step),
+        `critic/grad_norm`, `critic/lr`.
+        """
+        cfg = self.config
+        meta = data.meta_info
+        micro_batch_size = meta.get("micro_batch_size", cfg.ppo_micro_batch_size_per_gpu)
+        use_dynamic_bsz = bool(meta.get("use_dynamic_bsz", cfg.use_dynamic_bsz))
+        max_token_len = meta.get("max_token_len", cfg.ppo_max_token_len_per_gpu)
+        if not use_dynamic_bsz and micro_batch_size is None:
+            raise ValueError("critic.ppo_micro_batch_size_per_gpu is null and use_dynamic_bsz is False: set one of them")
+        for key in ("values", "returns"):
+            if key not in data.batch.keys():
+                raise KeyError(f"update_critic: the batch has no {key!r}")
+        batch = data.batch.select(*_MODEL_INPUTS, "response_mask", "values", "returns")
+        n = batch.batch_size[0]
+        mini = int(cfg.ppo_mini_batch_size)
+        if n % mini:
+            raise ValueError(
+                f"update_critic got {n} rows on this rank, not a multiple of the per-rank mini-batch of {mini} sequences "
+                "(critic.ppo_mini_batch_size x rollout.n / data-parallel size)"
+            )
+        meter = StepMeter()
+        self.critic_module.train()
+        params = [p for p in self.critic_module.parameters() if p.requires_grad]
+        skipped_steps = 0
+        for epoch in range(cfg.ppo_epochs):
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(int(cfg.data_loader_seed) + epoch)) if cfg.shuffle else torch.arange(n)
+            for k in range(n // mini):
+                mb = batch[order[k * mini : (k + 1) * mini]]
+                meter.new_step()
+                local = core_algos.compute_batch_loss_stats(mb["response_mask"])
+                stats = self._global_stats(local)
+                self.critic_optimizer.zero_grad(set_to_none=True)
+                ev_sums = torch.zeros(5, dtype=torch.float64)  # n, sum r, sum r^2, sum d, sum d^2
+                for group in self._plan(mb, micro_batch_size, use_dynamic_bsz, max_token_len):
+                    micro = mb[torch.tensor(group, dtype=torch.long)]
+                    mask = micro["response_mask"].to(self._device)
+                    vpreds, _ = self._forward_micro_batch(micro)
+                    returns = micro["returns"].to(self._device)
+                    info = core_algos.make_global_batch_info(stats, dp_size=self.dp_size, device=self._device)
+                    with core_algos.global_batch_info(**info):
+                        vf_loss, vf_clipfrac = core_algos.compute_value_loss(
+                            vpreds, returns, micro["values"].to(self._device), mask, cfg.cliprange_value, cfg.loss_agg_mode
+                        )
+                    if not self._all_finite(vf_loss):
+                        logger.warning("critic: non-finite value loss in a micro-batch; skipped")
+                        meter.add_sum("critic/nonfinite_loss_skipped", 1.0 / self.dp_size)
+                        continue
+                    vf_loss.backward()
+                    n_tok = float(mask.sum())
+                    meter.add_sum("critic/vf_loss", vf_loss.item() / self.dp_size)
+                    meter.add_weighted("critic/vf_clipfrac", float(vf_clipfrac), n_tok)
+                    sel = mask.bool()
+                    v = vpreds.detach()[sel].double().cpu()
+                    r = returns[sel].double().cpu()
+                    meter.add_weighted("critic/vpred_mean", float(v.mean()) if v.numel() else 0.0, n_tok)
+                    d = r - v
+                    ev_sums += torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum(), (r * r).sum(), d.sum(), (d * d).sum()])
+                meter.set("critic/vf_explained_var", self._explained_variance(ev_sums))
+                grad_norm = clip_grad_norm_(params, cfg.grad_clip)
+                meter.set("critic/grad_norm", float(grad_norm))
+                meter.set("critic/lr", self.critic_optimizer.param_groups[0]["lr"])
+                if not torch.isfinite(grad_norm):
+                    skipped_steps += 1
+                    logger.warning("critic: grad norm is %s; optimizer step skipped", float(grad_norm))
+                    self.critic_optimizer.zero_grad(set_to_none=True)
+                    continue
+                self.critic_optimizer.step()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        metrics = meter.reduce(self.process_group, self.dp_size)
+        metrics["critic/nonfinite_grad_skipped_steps"] = [float(skipped_steps)]
+        return metrics
+
+    def _global_stats(self, local: core_algos.BatchLossStats) -> core_algos.BatchLossStats:
+        if self.dp_size == 1:
+            return local
+        t = torch.tensor([local.num_tokens, local.num_seqs], dtype=torch.int64, device=reduce_device(self.process_group))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
+        return core_algos.BatchLossStats(num_tokens=int(t[0]), num_seqs=int(t[1]))
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        finite = bool(torch.isfinite(loss).all())
+        if self.dp_size == 1:
+            return finite
+        t = torch.tensor([1 if finite else 0], dtype=torch.int64, device=reduce_device(self.process_group))
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.process_group)
+        return bool(t.item())
+
+    def _explained_variance(self, sums: torch.Tensor) -> float:
+        """1 - Var(returns - values) / Var(returns) over the valid tokens of all ranks."""
+        if self.dp_size > 1:
+            t = sums.to(reduce_device(self.process_group))
+            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
+            sums = t.cpu()
+        n, sr, srr, sd, sdd = (float(x) for x in sums)
+        if n < 2:
+            return float("nan")
+        var_r = srr / n - (sr / n) ** 2
+        var_d = sdd / n - (sd / n) ** 2
+        return 1.0 - var_d / var_r if var_r > 1e-12 else float("nan")
