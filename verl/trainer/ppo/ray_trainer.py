@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import resource
@@ -188,12 +189,14 @@ def select_groups_with_variance(batch: DataProto, metric: str) -> tuple[DataProt
     return batch.select_idxs(np.array(keep, dtype=np.int64)), len(keep_uids), len(by_uid) - len(keep_uids)
 
 
-def trim_to_whole_groups(batch: DataProto, max_groups: int, n: int, divisor: int) -> DataProto | None:
+def trim_to_whole_groups(batch: DataProto, max_groups: int, n: int, divisor: int, group_multiple: int = 1) -> DataProto | None:
     """The first (in order of appearance) at most `max_groups` whole groups, fewer if needed so
-    that groups * n rows split evenly over `divisor` data-parallel workers; None if none fit."""
+    that groups * n rows split evenly over `divisor` data-parallel workers and the number of
+    groups is a multiple of `group_multiple` (the mini-batch size in prompts, so the update's
+    mini-batches are all full); None if no group fits."""
     uids = list(dict.fromkeys(batch.non_tensor_batch["uid"]))
     n_groups = min(len(uids), max_groups)
-    while n_groups > 0 and (n_groups * n) % divisor:
+    while n_groups > 0 and ((n_groups * n) % divisor or n_groups % group_multiple):
         n_groups -= 1
     if n_groups == 0:
         return None
@@ -554,7 +557,15 @@ class RayPPOTrainer:
         return self._trim_groups(kept, target)
 
     def _trim_groups(self, batch: DataProto, max_groups: int) -> DataProto | None:
-        return trim_to_whole_groups(batch, max_groups, self.cfg.rollout.n, self.dp_size)
+        minis = [self.cfg.actor.ppo_mini_batch_size] + ([self.cfg.critic.ppo_mini_batch_size] if self.use_critic else [])
+        multiple = math.lcm(*minis)
+        out = trim_to_whole_groups(batch, max_groups, self.cfg.rollout.n, self.dp_size, group_multiple=multiple)
+        kept = 0 if out is None else len(set(out.non_tensor_batch["uid"]))
+        n_groups = len(set(batch.non_tensor_batch["uid"]))
+        if kept < min(n_groups, max_groups):
+            logger.warning("filter_groups: %d groups collected, %d trained (a multiple of the mini-batch size %d prompts)",
+                           n_groups, kept, multiple)
+        return out
 
     def can_skip_old_log_prob(self) -> bool:
         """True when the actor's first forward in `update_actor` computes exactly `old_log_probs`:
@@ -563,14 +574,15 @@ class RayPPOTrainer:
         correction and the dynamic-sampling metric do)."""
         cfg = self.cfg
         one_mini = cfg.actor.ppo_mini_batch_size >= cfg.data.train_batch_size and cfg.actor.ppo_epochs == 1
-        rc = cfg.algorithm.rollout_correction
-        needs_old = cfg.algorithm.use_kl_in_reward or bool(rc.rollout_is or rc.rollout_rs)
-        return one_mini and not needs_old and not cfg.algorithm.filter_groups.enable
+        # rejection sampling needs the learner's log-probs before the loss denominators are known;
+        # IS weights do not (the worker computes them from the detached current log-probs)
+        needs_old = cfg.algorithm.use_kl_in_reward or cfg.algorithm.rollout_correction.rollout_rs is not None
+        return one_mini and not needs_old
 
     def compute_old_log_prob(self, batch: DataProto, timing_raw: dict, metrics: dict) -> DataProto:
         with _timer("old_log_prob", timing_raw):
             if self.can_skip_old_log_prob():
-                batch.meta_info["use_current_log_prob_as_old"] = True
+                batch.meta_info["use_current_as_old_log_prob"] = True
                 return batch
             out = self.actor_rollout_wg.compute_log_prob(batch)
             if "entropys" in out.batch.keys():
@@ -608,7 +620,9 @@ class RayPPOTrainer:
 
     def update_actor(self, batch: DataProto, timing_raw: dict, metrics: dict) -> None:
         batch.meta_info["multi_turn"] = False
-        batch.meta_info["rollout_correction"] = self.cfg.algorithm.rollout_correction.to_dict()
+        rc = self.cfg.algorithm.rollout_correction
+        if rc.rollout_is is not None or rc.rollout_rs is not None:
+            batch.meta_info["rollout_correction"] = rc.to_dict()
         with _timer("update_actor", timing_raw):
             out = self.actor_rollout_wg.update_actor(batch)
         metrics.update(reduce_metrics(out.meta_info.get("metrics", {})))
