@@ -111,6 +111,16 @@ class ActorConfig(BaseConfig):
             )
 
 
+    @property
+    def global_batch_info(self) -> dict:
+        """The mini-batch-global denominators of the micro-batch being computed (set by the actor
+        through `core_algos.global_batch_info`); lets upstream-style user losses call
+        `agg_loss(..., **config.global_batch_info)`."""
+        from verl.trainer.ppo.core_algos import get_global_batch_info
+
+        return dict(get_global_batch_info() or {})
+
+
 # Upstream name of the FSDP flavour of the actor config.
 FSDPActorConfig = ActorConfig
 
