@@ -1,0 +1,60 @@
+"""BaseConfig mapping behaviour, omega_conf_to_dataclass and dataclass validation messages."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl.trainer.config import AlgoConfig, KLControlConfig
+from verl.trainer.ppo import core_algos
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import ActorConfig, RolloutConfig
+
+
+def test_dataclass_is_a_read_only_mapping():
+    cfg = ActorConfig(clip_ratio=0.3)
+    assert cfg["clip_ratio"] == 0.3 and cfg.get("clip_ratio") == 0.3
+    assert cfg.get("no_such_key", 7) == 7
+    assert "policy_loss" in cfg and "no_such_key" not in cfg
+    assert cfg.clip_ratio_low == 0.3 and cfg.clip_ratio_high == 0.3  # null -> clip_ratio
+    with pytest.raises(KeyError):
+        cfg["no_such_key"]
+
+
+def test_nested_conversion_and_unknown_key_is_named():
+    section = OmegaConf.create({"policy_loss": {"loss_mode": "gspo"}, "optim": {"lr": 3e-6}})
+    cfg = omega_conf_to_dataclass(section, ActorConfig)
+    assert cfg.policy_loss.loss_mode == "gspo" and cfg.optim.lr == 3e-6
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.optim\.lrr"):
+        omega_conf_to_dataclass({"optim": {"lrr": 1}}, ActorConfig, _path="actor_rollout_ref.actor")
+
+
+def test_target_key_selects_the_class():
+    cfg = omega_conf_to_dataclass({"_target_": "verl.trainer.config.KLControlConfig", "type": "adaptive"})
+    assert isinstance(cfg, KLControlConfig) and cfg.type == "adaptive"
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: ActorConfig(loss_agg_mode="sum"), r"actor\.loss_agg_mode='sum'.*token-mean"),
+        (lambda: ActorConfig(clip_ratio_c=0.5), r"clip_ratio_c=0\.5 must be > 1"),
+        (lambda: RolloutConfig(top_p=1.5), r"rollout\.top_p=1\.5 is out of range"),
+        (lambda: AlgoConfig(lam="x", gamma=2.0), r"algorithm\.gamma=2\.0"),
+        (lambda: KLControlConfig(type="pid"), r"kl_ctrl\.type='pid'.*fixed.*adaptive"),
+    ],
+)
+def test_bad_values_name_key_value_and_choices(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_global_batch_info_property_follows_the_active_context():
+    cfg = ActorConfig()
+    assert cfg.global_batch_info == {}
+    loss = torch.arange(6.0).view(2, 3)
+    mask = torch.ones(2, 3)
+    with core_algos.global_batch_info(dp_size=1, batch_num_tokens=12, global_batch_size=4):
+        info = cfg.global_batch_info
+        assert info["batch_num_tokens"] == 12
+        # upstream-style call: the share of this micro-batch in a 12-token mini-batch
+        assert core_algos.agg_loss(loss, mask, "token-mean", **info).item() == pytest.approx(15.0 / 12)
