@@ -115,6 +115,7 @@ class StubGenTrainer(RayPPOTrainer):
         self.config = load_default_config(overrides)
         self.cfg = validate_config(self.config)
         self.callbacks = []
+        self.use_critic = self.cfg.use_critic
         self.global_steps = 1
         self.rounds = iter(rounds)
 
@@ -156,6 +157,14 @@ def test_dynamic_sampling_cap_and_dynamic_batch():
     assert len(t.collect_batch(prompts(5), {}, {})) == 2
     t = StubGenTrainer(DAPO + ["algorithm.filter_groups.keep_generating=False"], rounds=[[1, 1, 0, 0]])
     assert t.collect_batch(prompts(5), {}, {}) is None  # nothing to learn from: the step is skipped
+
+
+def test_partial_batches_are_cut_to_whole_mini_batches():
+    # 4 prompts per step, mini-batches of 2 prompts; one round keeps 3 groups -> 2 are trained
+    over = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "algorithm.filter_groups.keep_generating=False"]
+    t = StubGenTrainer(DAPO + over, rounds=[[0, 1, 0, 1, 1, 0, 1, 1]])
+    batch = t.collect_batch(prompts(5, bs=4), {}, {})
+    assert len(set(batch.non_tensor_batch["uid"])) == 2 and len(batch) == 4
 
 
 def test_no_dynamic_sampling_is_one_round():
