@@ -134,7 +134,7 @@ def prompts(n_batches, bs=2):
         yield {"input_ids": torch.arange(bs * 3).view(bs, 3) + 100 * b, "data_source": np.array(["t"] * bs, dtype=object)}
 
 
-DAPO = ["algorithm.adv_estimator=grpo", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+DAPO = ["algorithm.adv_estimator=grpo", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
         "actor_rollout_ref.rollout.n=2", "algorithm.filter_groups.enable=True"]
 
 
@@ -157,6 +157,10 @@ def test_dynamic_sampling_cap_and_dynamic_batch():
     assert len(t.collect_batch(prompts(5), {}, {})) == 2
     t = StubGenTrainer(DAPO + ["algorithm.filter_groups.keep_generating=False"], rounds=[[1, 1, 0, 0]])
     assert t.collect_batch(prompts(5), {}, {}) is None  # nothing to learn from: the step is skipped
+    # with mini-batches of 2 prompts a single surviving group cannot fill one: skipped too
+    t = StubGenTrainer(DAPO + ["algorithm.filter_groups.keep_generating=False", "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
+                       rounds=[[1, 1, 0, 1]])
+    assert t.collect_batch(prompts(5), {}, {}) is None
 
 
 def test_partial_batches_are_cut_to_whole_mini_batches():
