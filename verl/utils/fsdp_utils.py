@@ -191,14 +191,20 @@ def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float | None) 
 # ---------------------------------------------------------------------------------------------
 
 
-def get_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Full (unsharded) model state dict on CPU. Collective under FSDP2: call on every rank; rank 0
-    gets the tensors, other ranks an empty dict. A plain module returns its CPU state dict."""
+def get_full_state_dict(model: nn.Module, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+    """Full (unsharded) model state dict. Collective under FSDP2: call on every rank.
+
+    `rank0_only=True`: rank 0 gets the tensors on CPU, other ranks an empty dict (checkpoints).
+    `rank0_only=False`: every rank gets the full tensors on the parameters' device (weight sync
+    into a per-rank rollout engine). A plain module returns its own state dict (detached).
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     if fsdp_version(model) == 0:
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank0_only:
+            return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=rank0_only))
 
 
 def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:

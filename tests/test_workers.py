@@ -1,0 +1,215 @@
+"""Worker classes in one process (world size 1), driven like the trainer drives them: generate ->
+log-probs -> ref -> values -> updates -> checkpoints, with the data contracts checked."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from test_workers_common import PROMPTS, build_tiny_llama, reference_log_probs
+
+from verl.protocol import DataProto
+from verl.utils.model import build_reward_model, compute_position_id_with_mask
+
+YAML = Path(__file__).resolve().parents[1] / "verl" / "trainer" / "config" / "ppo_trainer.yaml"
+
+
+def make_config(model_path: str, **overrides):
+    """The default trainer config with a tiny model and small batches, resolved."""
+    cfg = OmegaConf.load(YAML)
+    base = {
+        "actor_rollout_ref.model.path": model_path,
+        "data.max_prompt_length": 8,
+        "data.max_response_length": 6,
+        "data.train_batch_size": 4,
+        "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "critic.ppo_micro_batch_size_per_gpu": 2,
+        "critic.optim.lr": 1e-3,
+    }
+    base.update(overrides)
+    for key, value in base.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+
+
+def prompt_batch(tok, prompts=PROMPTS[:4], n=2, prompt_len=8):
+    enc = tok(prompts, add_special_tokens=False, padding="max_length", max_length=prompt_len, return_tensors="pt")
+    mask = enc["attention_mask"]
+    data = DataProto.from_dict(
+        tensors={"input_ids": enc["input_ids"], "attention_mask": mask, "position_ids": compute_position_id_with_mask(mask)},
+        non_tensors={"uid": np.array([f"u{i}" for i in range(len(prompts))], dtype=object)},
+        meta_info={"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id},
+    )
+    return data.repeat(n, interleave=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    path = build_tiny_llama(str(tmp_path_factory.mktemp("tiny_workers")))
+    return path, AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+
+
+def _grpo_like_advantages(batch: DataProto) -> None:
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(len(batch), generator=g)
+    batch.batch["advantages"] = scores.unsqueeze(1) * batch.batch["response_mask"]
+
+
+def test_actor_rollout_ref_round_trip(tiny, tmp_path):
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    path, tok, plain = tiny
+    cfg = make_config(path, **{"actor_rollout_ref.actor.use_kl_loss": True})
+    worker = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor_rollout_ref")
+    worker.init_model()
+    assert worker.rollout.shares_weights_with(worker.actor_module)  # world size 1: no copy
+    assert worker.actor_config.ppo_mini_batch_size == 8  # 4 prompts x n=2 / 1 rank
+
+    gen_in = prompt_batch(tok)
+    out = worker.generate_sequences(gen_in)
+    for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids", "rollout_log_probs"):
+        assert key in out.batch.keys(), key
+    assert out.batch["responses"].shape == (8, 6) and out.batch["input_ids"].shape == (8, 14)
+    assert out.meta_info["timing"]["generate_sequences"] > 0
+
+    batch = DataProto.from_dict(tensors=dict(out.batch.items()), non_tensors={"uid": gen_in.non_tensor_batch["uid"]})
+    old = worker.compute_log_prob(batch)
+    expected = reference_log_probs(plain, {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")})
+    torch.testing.assert_close(old.batch["old_log_probs"], expected, atol=1e-5, rtol=0)
+    mask = batch.batch["response_mask"].bool()
+    # rollout log-probs are the learner's (same weights, same temperature, fp32)
+    assert (old.batch["old_log_probs"] - batch.batch["rollout_log_probs"])[mask].abs().max() < 1e-5
+    assert old.meta_info["metrics"]["rollout_mismatch/kl_k3"] < 1e-9
+    ref = worker.compute_ref_log_prob(batch)
+    torch.testing.assert_close(ref.batch["ref_log_prob"], expected, atol=1e-5, rtol=0)
+
+    batch = batch.union(DataProto.from_dict(tensors={"old_log_probs": old.batch["old_log_probs"], "ref_log_prob": ref.batch["ref_log_prob"]}))
+    _grpo_like_advantages(batch)
+    result = worker.update_actor(batch)
+    metrics = result.meta_info["metrics"]
+    assert metrics["actor/pg_clipfrac"] == [0.0] and metrics["actor/ppo_kl"] == [0.0]  # first update: ratio 1
+    assert metrics["actor/kl_loss"][0] == pytest.approx(0.0, abs=1e-6)  # actor == ref before the step
+    assert metrics["actor/lr"] == [1e-3]
+    after = worker.compute_log_prob(batch).batch["old_log_probs"]
+    assert (after - old.batch["old_log_probs"])[mask].abs().max() > 1e-4  # the policy moved
+    # ... and the shared rollout generates with the updated weights, no sync needed
+    regen = worker.generate_sequences(prompt_batch(tok))
+    assert "metrics" not in regen.meta_info
+
+    ckpt = str(tmp_path / "actor_ckpt")
+    worker.save_checkpoint(ckpt, global_step=1)
+    assert os.path.isfile(os.path.join(ckpt, "huggingface", "model.safetensors"))
+    worker.update_actor(batch)  # move away, then restore
+    worker.load_checkpoint(ckpt)
+    torch.testing.assert_close(worker.compute_log_prob(batch).batch["old_log_probs"], after, atol=0, rtol=0)
+
+
+def test_use_current_as_old_log_prob_returns_old_log_probs(tiny):
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    path, tok, plain = tiny
+    worker = ActorRolloutRefWorker(config=make_config(path).actor_rollout_ref, role="actor_rollout")
+    worker.init_model()
+    out = worker.generate_sequences(prompt_batch(tok))
+    batch = DataProto.from_dict(tensors=dict(out.batch.items()), non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)})
+    _grpo_like_advantages(batch)
+    batch.meta_info["use_current_as_old_log_prob"] = True
+    result = worker.update_actor(batch)
+    expected = reference_log_probs(plain, {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")})
+    torch.testing.assert_close(result.batch["old_log_probs"], expected, atol=1e-5, rtol=0)
+    assert result.meta_info["metrics"]["actor/ppo_kl"] == [0.0]
+
+
+def test_batch_size_divisibility_is_reported(tiny):
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    path, _, _ = tiny
+    cfg = make_config(path, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 3})
+    with pytest.raises(ValueError, match=r"8 sequences .* not divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"):
+        ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor")
+
+
+def test_separate_rollout_copy_is_synced_and_checked(tiny):
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    path, tok, _ = tiny
+    cfg = make_config(path, **{"actor_rollout_ref.rollout.engine_kwargs": {"hf": {"separate_copy": True}}})
+    worker = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor_rollout")
+    worker.init_model()
+    assert not worker.rollout.shares_weights_with(worker.actor_module)
+    out = worker.generate_sequences(prompt_batch(tok))
+    assert out.meta_info["metrics"]["rollout/weight_sync_max_logp_diff"] < 1e-5
+    batch = DataProto.from_dict(tensors=dict(out.batch.items()), non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)})
+    _grpo_like_advantages(batch)
+    batch.meta_info["use_current_as_old_log_prob"] = True
+    worker.update_actor(batch)
+    out = worker.generate_sequences(prompt_batch(tok))  # re-synced after the update
+    assert out.meta_info["metrics"]["rollout/weight_sync_max_logp_diff"] < 1e-5
+    lp = worker.compute_log_prob(DataProto.from_dict(tensors=dict(out.batch.items()))).batch["old_log_probs"]
+    mask = out.batch["response_mask"].bool()
+    assert (lp - out.batch["rollout_log_probs"])[mask].abs().max() < 1e-5
+
+    # a sync that silently loads wrong weights is caught by the probe check
+    worker.update_actor(batch)
+    real_update = worker.rollout.update_weights
+
+    def corrupt(state):
+        real_update({k: v + 0.05 * torch.randn_like(v) for k, v in state.items()})
+
+    worker.rollout.update_weights = corrupt
+    with pytest.raises(RuntimeError, match="weight sync check failed"):
+        worker.generate_sequences(prompt_batch(tok))
+
+
+def test_critic_worker_values_and_update(tiny):
+    from verl.workers.fsdp_workers import CriticWorker
+
+    path, tok, _ = tiny
+    cfg = make_config(path)
+    worker = CriticWorker(config=cfg.critic)
+    worker.init_model()
+    assert worker.config.ppo_mini_batch_size == 8
+    from test_workers_common import RESPONSES, make_batch
+
+    tensors = make_batch(tok, PROMPTS, RESPONSES, prompt_len=8, resp_len=6)
+    batch = DataProto.from_dict(tensors=tensors)
+    values = worker.compute_values(batch).batch["values"]
+    assert values.shape == (8, 6) and torch.all(values[tensors["response_mask"] == 0] == 0)
+    batch.batch["values"] = values
+    batch.batch["returns"] = torch.ones_like(values) * tensors["response_mask"]
+    losses = [worker.update_critic(batch).meta_info["metrics"]["critic/vf_loss"][0] for _ in range(5)]
+    assert losses[-1] < losses[0]
+
+
+def test_reward_model_worker_scores_last_token(tiny, tmp_path):
+    from verl.workers.fsdp_workers import RewardModelWorker
+
+    path, tok, _ = tiny
+    rm_dir = str(tmp_path / "rm")
+    model = build_reward_model(path)
+    model.save_pretrained(rm_dir)
+    tok.save_pretrained(rm_dir)
+    cfg = make_config(path, **{"reward_model.enable": True, "reward_model.model.path": rm_dir, "reward_model.micro_batch_size_per_gpu": 4})
+    worker = RewardModelWorker(config=cfg.reward_model)
+    worker.init_model()
+    assert worker.reward_model.input_tokenizer is None  # same tokenizer: no re-templating
+    from test_workers_common import RESPONSES, make_batch
+
+    tensors = make_batch(tok, PROMPTS, RESPONSES, prompt_len=8, resp_len=6)
+    scores = worker.compute_rm_score(DataProto.from_dict(tensors=tensors)).batch["rm_scores"]
+    for i in range(8):
+        n = int(tensors["response_mask"][i].sum())
+        valid = tensors["input_ids"][i][tensors["attention_mask"][i].bool()]
+        with torch.no_grad():
+            expected = float(model(input_ids=valid.unsqueeze(0)).logits[0, 0])
+        assert scores[i, n - 1].item() == pytest.approx(expected, abs=1e-5)

@@ -1,0 +1,606 @@
+"""Worker classes driven by the trainer (upstream names): `ActorRolloutRefWorker`, `CriticWorker`,
+`RewardModelWorker`.
+
+Each is a `Worker` (one per process of a worker group) whose `@register`ed methods take and return
+`DataProto`s. Data-parallel methods (`Dispatch.DP_COMPUTE_PROTO`) receive this rank's consecutive
+chunk of the driver's batch; the group concatenates the results in rank order. `init_model`,
+`save_checkpoint` and `load_checkpoint` run on every rank with the same arguments (ONE_TO_ALL).
+
+Engine: FSDP2 over the group's default process group (gloo on CPU, nccl on CUDA) with one
+process; a single process runs the plain module (see `verl.utils.fsdp_utils`).
+
+Batch sizes (upstream semantics, validated in `__init__` with the numbers named):
+- `actor.ppo_mini_batch_size` counts prompts: inside the worker it becomes
+  `ppo_mini_batch_size * rollout.n / world_size` sequences per rank (must divide exactly);
+- `*_micro_batch_size_per_gpu` count sequences per rank and must divide the per-rank mini-batch;
+- or `use_dynamic_bsz=True` with a token budget per rank (`ppo_max_token_len_per_gpu`, ...).
+
+Temperature: `compute_log_prob` and `update_actor` divide logits by `meta_info["temperature"]`,
+default `rollout.temperature`, the temperature the rollout sampled with (see dp_actor).
+
+Old log-probs shortcut: when `meta_info["use_current_as_old_log_prob"]` is True (valid only for
+one mini-batch and one epoch, checked), `update_actor` uses the detached log-probs of its own
+forward as `old_log_probs` (ratio exactly 1) and returns them as `old_log_probs` / `entropys`
+in the output batch, with the usual metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from verl.protocol import DataProto
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.base.worker import Worker
+from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.device import get_device_name
+from verl.utils.fsdp_utils import (
+    apply_fsdp2,
+    build_lr_scheduler,
+    build_optimizer,
+    create_device_mesh,
+    get_full_state_dict,
+    load_fsdp_model_to_gpu,
+    load_fsdp_optimizer,
+    offload_fsdp_model_to_cpu,
+    offload_fsdp_optimizer,
+    resolve_compute_dtype,
+)
+from verl.utils.import_utils import import_external_libs, import_external_libs_from_env
+from verl.utils.model import (
+    build_causal_lm,
+    build_reward_model,
+    build_value_model,
+    compute_position_id_with_mask,
+    resolve_model_path,
+    torch_dtype_from_name,
+)
+from verl.utils.tokenizer import hf_processor, hf_tokenizer
+from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
+
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker", "AsyncActorRolloutRefWorker"]
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+TORCH_THREADS_ENV = "VERL_TORCH_THREADS"
+
+
+# ---------------------------------------------------------------------------------------------
+# shared helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _setup_process(worker: Worker) -> str:
+    """Threads, user modules and the process group of a worker; returns the device name."""
+    threads = os.environ.get(TORCH_THREADS_ENV)
+    if threads:
+        try:
+            n = int(threads)
+        except ValueError:
+            raise ValueError(f"{TORCH_THREADS_ENV}={threads!r} must be an integer") from None
+        if n > 0:
+            torch.set_num_threads(n)
+    import_external_libs_from_env()
+    if worker.world_size > 1:
+        worker.init_process_group_if_needed()
+    return get_device_name()
+
+
+def _to_dataclass(section, cls):
+    if isinstance(section, cls):
+        return section
+    return omega_conf_to_dataclass(section, cls)
+
+
+def _section(config, key):
+    value = config.get(key) if hasattr(config, "get") else getattr(config, key, None)
+    return {} if value is None else value
+
+
+def _normalize_mini_batch(owner: str, cfg, rollout_n: int, world_size: int, micro_key: str) -> None:
+    """Turn `ppo_mini_batch_size` (prompts) into sequences per rank, checking divisibility."""
+    sequences = int(cfg.ppo_mini_batch_size) * int(rollout_n)
+    if sequences % world_size:
+        raise ValueError(
+            f"{owner}.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n={rollout_n} = {sequences} sequences "
+            f"is not divisible by the data-parallel size {world_size}"
+        )
+    cfg.ppo_mini_batch_size = sequences // world_size
+    micro = getattr(cfg, micro_key)
+    if not cfg.use_dynamic_bsz:
+        if micro is None:
+            raise ValueError(f"{owner}.{micro_key} is null and {owner}.use_dynamic_bsz is False: set one of them")
+        if cfg.ppo_mini_batch_size % int(micro):
+            raise ValueError(
+                f"{owner}: the per-rank mini-batch of {cfg.ppo_mini_batch_size} sequences "
+                f"(ppo_mini_batch_size {sequences // int(rollout_n)} x n {rollout_n} / {world_size} ranks) "
+                f"is not divisible by {owner}.{micro_key}={micro}"
+            )
+
+
+def _max_across_ranks(value: float) -> float:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+    return value
+
+
+class _OffloadMixin:
+    """Parameter / optimizer offload between phases (GPU only; nothing to do on CPU)."""
+
+    def _offload_enabled(self, fsdp_config) -> tuple[bool, bool]:
+        on_gpu = self.device_name == "cuda"
+        return on_gpu and fsdp_config.param_offload, on_gpu and fsdp_config.optimizer_offload
+
+    def _load_to_device(self, module, optimizer, fsdp_config):
+        param_off, optim_off = self._offload_enabled(fsdp_config)
+        if param_off:
+            load_fsdp_model_to_gpu(module)
+        if optim_off and optimizer is not None:
+            load_fsdp_optimizer(optimizer, torch.device("cuda", torch.cuda.current_device()))
+
+    def _offload(self, module, optimizer, fsdp_config):
+        param_off, optim_off = self._offload_enabled(fsdp_config)
+        if param_off:
+            offload_fsdp_model_to_cpu(module)
+        if optim_off and optimizer is not None:
+            offload_fsdp_optimizer(optimizer)
+
+
+def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, device_name: str, world_size: int, train: bool):
+    """Load with `builder`, optionally enable gradient checkpointing, move to the device, shard."""
+    module = builder(
+        path,
+        override_config=model_config.override_config,
+        torch_dtype=fsdp_config.model_dtype,
+        trust_remote_code=model_config.trust_remote_code,
+    )
+    if train and model_config.enable_gradient_checkpointing:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if device_name == "cuda":
+        module.to(torch.device("cuda", torch.cuda.current_device()))
+    if not train:
+        module.requires_grad_(False)
+        module.eval()
+    mesh = create_device_mesh(world_size, fsdp_config.fsdp_size, device_name)
+    apply_fsdp2(module, mesh, reshard_after_forward=fsdp_config.reshard_after_forward, wrap_policy=fsdp_config.wrap_policy)
+    return module
+
+
+# ---------------------------------------------------------------------------------------------
+# actor / rollout / reference
+# ---------------------------------------------------------------------------------------------
+
+
+class ActorRolloutRefWorker(Worker, _OffloadMixin):
+    """Policy roles in one process: `actor` (training), `rollout` (generation), `ref` (frozen
+    reference log-probs), or the combinations `actor_rollout`, `actor_rollout_ref`.
+
+    Args:
+        config: the `actor_rollout_ref` section (DictConfig or dict): `model`, `actor`, `rollout`, `ref`.
+        role: one of `ROLES`.
+    """
+
+    def __init__(self, config, role: str, **kwargs):
+        Worker.__init__(self)
+        if role not in ROLES:
+            raise ValueError(f"ActorRolloutRefWorker role={role!r}; expected one of {list(ROLES)}")
+        self.role = role
+        self.device_name = _setup_process(self)
+        self.config = config
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self.model_config: HFModelConfig = _to_dataclass(_section(config, "model"), HFModelConfig)
+        import_external_libs(self.model_config.external_lib)
+        self.rollout_config: RolloutConfig = _to_dataclass(_section(config, "rollout"), RolloutConfig)
+        self.actor_config: ActorConfig = _to_dataclass(_section(config, "actor"), ActorConfig)
+        self.ref_config: RefConfig = _to_dataclass(_section(config, "ref"), RefConfig)
+        if self._is_actor:
+            _normalize_mini_batch("actor_rollout_ref.actor", self.actor_config, self.rollout_config.n, self.world_size, "ppo_micro_batch_size_per_gpu")
+            if self.actor_config.loss_scale_factor is None:
+                # Dr.GRPO's constant divisor: the response length limit, never a micro-batch's width
+                self.actor_config.loss_scale_factor = float(self.rollout_config.response_length)
+        self.actor = None
+        self.rollout = None
+        self.ref_policy = None
+        self.actor_module = None
+        self._weights_version = 0
+        self._synced_version = -1
+        # sampling randomness: a distinct, reproducible stream per rank (saved in checkpoints)
+        torch.manual_seed(1234 + self.rank)
+
+    # -- building ---------------------------------------------------------------------------------
+
+    def _model_path(self) -> str:
+        return resolve_model_path(self.model_config.path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        """Load tokenizer and models, shard them, build optimizer, schedule, engines."""
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+        from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+        path = self._model_path()
+        self.tokenizer = hf_tokenizer(self.model_config.tokenizer_path or path, trust_remote_code=self.model_config.trust_remote_code)
+        self.processor = hf_processor(self.model_config.tokenizer_path or path, trust_remote_code=self.model_config.trust_remote_code)
+        pad_id = self.tokenizer.pad_token_id
+        fsdp_cfg = self.actor_config.fsdp_config
+        self.compute_dtype = resolve_compute_dtype(fsdp_cfg, self.device_name)
+
+        if self._is_actor:
+            self.actor_module = _build_fsdp_model(build_causal_lm, path, self.model_config, fsdp_cfg, self.device_name, self.world_size, train=True)
+            self.actor_optimizer = build_optimizer(self.actor_module.parameters(), self.actor_config.optim)
+            self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, self.actor_config.optim)
+            self.actor = DataParallelPPOActor(
+                self.actor_config,
+                self.actor_module,
+                self.actor_optimizer,
+                compute_dtype=self.compute_dtype,
+                use_remove_padding=self.model_config.use_remove_padding,
+                pad_token_id=pad_id,
+            )
+            self.checkpoint_manager = FSDPCheckpointManager(
+                self.actor_module,
+                self.actor_optimizer,
+                self.actor_lr_scheduler,
+                processing_class=self.processor or self.tokenizer,
+                checkpoint_config=self.actor_config.checkpoint,
+            )
+        if self._is_rollout:
+            self.rollout = self._build_rollout(path)
+        if self._is_ref:
+            ref_fsdp = self.ref_config.fsdp_config
+            ref_module = _build_fsdp_model(build_causal_lm, path, self.model_config, ref_fsdp, self.device_name, self.world_size, train=False)
+            self.ref_policy = DataParallelPPOActor(
+                self.actor_config,
+                ref_module,
+                None,
+                compute_dtype=resolve_compute_dtype(ref_fsdp, self.device_name),
+                use_remove_padding=self.model_config.use_remove_padding,
+                pad_token_id=pad_id,
+            )
+        if self._is_actor:
+            self._offload(self.actor_module, self.actor_optimizer, fsdp_cfg)
+
+    def _build_rollout(self, path: str):
+        from verl.workers.rollout.base import get_rollout_class
+        from verl.workers.rollout.hf_rollout import HFRollout
+
+        cfg = self.rollout_config
+        cls = get_rollout_class(cfg.name)
+        engine_kwargs = dict((cfg.engine_kwargs or {}).get(cfg.name, {}) or {})
+        if cls is HFRollout:
+            separate = bool(engine_kwargs.get("separate_copy", False)) or self.actor_module is None
+            if not separate:
+                return HFRollout(self.actor_module, cfg, compute_dtype=self.compute_dtype)
+            # a separate, unsharded copy (standalone rollout role, or e.g. a bf16 copy for speed)
+            dtype = engine_kwargs.get("dtype", "fp32")
+            module = build_causal_lm(path, self.model_config.override_config, dtype, self.model_config.trust_remote_code)
+            module.requires_grad_(False)
+            if self.device_name == "cuda":
+                module.to(torch.device("cuda", torch.cuda.current_device()))
+            owned_dtype = torch_dtype_from_name(dtype)
+            return HFRollout(module, cfg, compute_dtype=None if owned_dtype != torch.float32 else self.compute_dtype, owns_module=True)
+        return cls(model_path=path, config=cfg, tokenizer=self.tokenizer, trust_remote_code=self.model_config.trust_remote_code)
+
+    # -- weight sync ------------------------------------------------------------------------------
+
+    def _probe(self) -> DataProto:
+        """A fixed short sequence used to check a rollout engine's weights against the actor's."""
+        ids = self.tokenizer("1+2=3, 40+2=42", add_special_tokens=False)["input_ids"]
+        vocab = len(self.tokenizer)
+        ids = [i for i in ids if 0 <= i < vocab][:16] or list(range(min(16, vocab)))
+        ids = torch.tensor([ids], dtype=torch.long)
+        resp_len = max(1, ids.shape[1] // 2)
+        mask = torch.ones_like(ids)
+        return DataProto.from_dict(
+            tensors={
+                "input_ids": ids,
+                "attention_mask": mask,
+                "position_ids": compute_position_id_with_mask(mask),
+                "responses": ids[:, -resp_len:],
+                "response_mask": mask[:, -resp_len:],
+            },
+            meta_info={"micro_batch_size": 1, "temperature": 1.0},
+        )
+
+    def _sync_rollout_weights(self) -> dict[str, float]:
+        """Push the actor's weights into a rollout engine with its own copy, then verify them."""
+        if self.rollout is None or self.actor is None or self.rollout.shares_weights_with(self.actor_module):
+            return {}
+        if self._synced_version == self._weights_version:
+            return {}
+        start = time.perf_counter()
+        state = get_full_state_dict(self.actor_module, rank0_only=False)  # collective
+        self.rollout.update_weights(state)
+        del state
+        probe = self._probe()
+        actor_lp, _ = self.actor.compute_log_prob(probe)
+        b = probe.batch
+        rollout_lp = self.rollout.probe_log_probs(b["input_ids"], b["attention_mask"], b["position_ids"], b["responses"])
+        diff = float((rollout_lp.float() - actor_lp.float()).abs().max())
+        engine_kwargs = dict((self.rollout_config.engine_kwargs or {}).get(self.rollout_config.name, {}) or {})
+        low_precision = self.rollout_config.name != "hf" or engine_kwargs.get("dtype", "fp32") not in ("fp32", "float32")
+        tol = float(engine_kwargs.get("sync_check_tol", 0.1 if low_precision else 1e-3))
+        if not diff <= tol:
+            raise RuntimeError(
+                f"rollout weight sync check failed: max |log p_rollout - log p_actor| = {diff:.3g} on the probe sequence "
+                f"exceeds {tol} (rollout.engine_kwargs.{self.rollout_config.name}.sync_check_tol)"
+            )
+        self._synced_version = self._weights_version
+        return {"rollout/weight_sync_s": time.perf_counter() - start, "rollout/weight_sync_max_logp_diff": diff}
+
+    # -- data-parallel methods -------------------------------------------------------------------
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Left-padded prompts -> responses (see `BaseRollout.generate_sequences`).
+
+        meta_info in: `eos_token_id`, `pad_token_id` (default: the tokenizer's), `do_sample`,
+        `validate`, optional `temperature` / `top_p` / `top_k`. meta_info out: `timing`
+        (`generate_sequences` seconds, the slowest rank) and `metrics` (weight-sync figures).
+        """
+        if self.rollout is None:
+            raise RuntimeError(f"generate_sequences needs a rollout role; this worker's role is {self.role!r}")
+        prompts.meta_info.setdefault("eos_token_id", self._eos_ids())
+        prompts.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)
+        if self.actor_module is not None:
+            self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
+        sync_metrics = self._sync_rollout_weights()
+        self.rollout.resume()
+        start = time.perf_counter()
+        output = self.rollout.generate_sequences(prompts)
+        elapsed = _max_across_ranks(time.perf_counter() - start)
+        self.rollout.release()
+        if self.actor_module is not None:
+            self._offload(self.actor_module, None, self.actor_config.fsdp_config)
+        output = output.to("cpu")
+        output.meta_info["timing"] = {"generate_sequences": elapsed}
+        if sync_metrics:
+            output.meta_info["metrics"] = sync_metrics
+        return output
+
+    def _eos_ids(self):
+        gen_cfg = getattr(self.actor_module or getattr(self.rollout, "module", None), "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+        return eos if eos is not None else self.tokenizer.eos_token_id
+
+    def _log_prob_meta(self, data: DataProto, micro, use_dynamic, max_token_len) -> None:
+        data.meta_info["micro_batch_size"] = micro
+        data.meta_info["use_dynamic_bsz"] = use_dynamic
+        data.meta_info["max_token_len"] = max_token_len
+        data.meta_info.setdefault("temperature", self.rollout_config.temperature)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """`old_log_probs` and `entropys` [b, R] of the responses under the current actor."""
+        if self.actor is None:
+            raise RuntimeError(f"compute_log_prob needs the actor role; this worker's role is {self.role!r}")
+        rc = self.rollout_config
+        self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
+        self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
+        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+        self._offload(self.actor_module, None, self.actor_config.fsdp_config)
+        metrics = {"actor/padding_waste_log_prob": self.actor.last_padding_stats.get("padding_waste", 0.0)}
+        if "rollout_log_probs" in data.batch.keys():
+            from verl.trainer.ppo.rollout_corr_helper import compute_mismatch_metrics
+
+            metrics.update(compute_mismatch_metrics(log_probs, data.batch["rollout_log_probs"], data.batch["response_mask"], prefix="rollout_mismatch/"))
+        return DataProto.from_dict(
+            tensors={"old_log_probs": log_probs, "entropys": entropys},
+            meta_info={"temperature": data.meta_info["temperature"], "metrics": metrics},
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """`ref_log_prob` [b, R] of the responses under the frozen reference policy."""
+        if self.ref_policy is None:
+            raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
+        rc = self.ref_config
+        self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
+        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One PPO update (see `DataParallelPPOActor.update_policy`); metrics in meta_info.
+
+        The learning-rate schedule advances once per call.
+        """
+        if self.actor is None:
+            raise RuntimeError(f"update_actor needs the actor role; this worker's role is {self.role!r}")
+        data.meta_info.setdefault("temperature", self.rollout_config.temperature)
+        self._load_to_device(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
+        start = time.perf_counter()
+        metrics = self.actor.update_policy(data)
+        elapsed = time.perf_counter() - start
+        lr = self.actor_lr_scheduler.get_last_lr()[0]
+        self.actor_lr_scheduler.step()
+        self._weights_version += 1
+        self._offload(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
+        metrics["actor/lr"] = [lr]
+        tokens = float(data.batch["attention_mask"].sum()) * self.actor_config.ppo_epochs
+        metrics["perf/actor_update_tokens_per_s"] = [tokens / elapsed if elapsed > 0 else 0.0]
+        if data.meta_info.get("use_current_as_old_log_prob", False):
+            tensors = {"old_log_probs": self.actor.last_old_log_probs}
+            if self.actor.last_entropys is not None:
+                tensors["entropys"] = self.actor.last_entropys
+            return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics})
+        return DataProto(meta_info={"metrics": metrics})
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        """Save the actor (weights as a Hugging Face directory, optimizer, schedule, RNG)."""
+        if self.actor is None:
+            raise RuntimeError(f"save_checkpoint needs the actor role; this worker's role is {self.role!r}")
+        self._load_to_device(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
+        self.checkpoint_manager.save_checkpoint(local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
+        self._offload(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        """Restore the actor; a rollout engine with its own copy is re-synced before generating."""
+        if self.actor is None:
+            raise RuntimeError(f"load_checkpoint needs the actor role; this worker's role is {self.role!r}")
+        self._load_to_device(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
+        meta = self.checkpoint_manager.load_checkpoint(local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load)
+        self._weights_version += 1
+        self._offload(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
+        return meta
+
+
+class AsyncActorRolloutRefWorker(ActorRolloutRefWorker):
+    """Upstream name; rollout here is synchronous (`rollout.mode=sync`)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# critic
+# ---------------------------------------------------------------------------------------------
+
+
+class CriticWorker(Worker, _OffloadMixin):
+    """Value model: `init_model`, `compute_values`, `update_critic`, checkpoints.
+
+    Args:
+        config: the `critic` section (DictConfig or dict).
+    """
+
+    def __init__(self, config, **kwargs):
+        Worker.__init__(self)
+        self.device_name = _setup_process(self)
+        self.config: CriticConfig = _to_dataclass(config, CriticConfig)
+        import_external_libs(self.config.model.external_lib)
+        _normalize_mini_batch("critic", self.config, self.config.rollout_n, self.world_size, "ppo_micro_batch_size_per_gpu")
+        self.critic = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+        from verl.workers.critic.dp_critic import DataParallelPPOCritic
+
+        mc = self.config.model
+        path = resolve_model_path(mc.path)
+        self.tokenizer = hf_tokenizer(mc.tokenizer_path or path, trust_remote_code=mc.trust_remote_code)
+        fsdp_cfg = self.config.fsdp_config
+        self.critic_module = _build_fsdp_model(build_value_model, path, mc, fsdp_cfg, self.device_name, self.world_size, train=True)
+        self.critic_optimizer = build_optimizer(self.critic_module.parameters(), self.config.optim)
+        self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, self.config.optim)
+        self.critic = DataParallelPPOCritic(
+            self.config,
+            self.critic_module,
+            self.critic_optimizer,
+            compute_dtype=resolve_compute_dtype(fsdp_cfg, self.device_name),
+            use_remove_padding=mc.use_remove_padding,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        self.checkpoint_manager = FSDPCheckpointManager(
+            self.critic_module, self.critic_optimizer, self.critic_lr_scheduler, processing_class=self.tokenizer, checkpoint_config=self.config.checkpoint
+        )
+        self._offload(self.critic_module, self.critic_optimizer, fsdp_cfg)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """`values` [b, R]: V(s) before each response token (0 on padding)."""
+        cfg = self.config
+        data.meta_info["micro_batch_size"] = cfg.forward_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu
+        data.meta_info["use_dynamic_bsz"] = cfg.use_dynamic_bsz
+        data.meta_info["max_token_len"] = cfg.forward_max_token_len_per_gpu
+        self._load_to_device(self.critic_module, None, cfg.fsdp_config)
+        values = self.critic.compute_values(data)
+        self._offload(self.critic_module, None, cfg.fsdp_config)
+        return DataProto.from_dict(tensors={"values": values})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """Value-loss updates; metrics in meta_info. The lr schedule advances once per call."""
+        self._load_to_device(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
+        metrics = self.critic.update_critic(data)
+        lr = self.critic_lr_scheduler.get_last_lr()[0]
+        self.critic_lr_scheduler.step()
+        metrics["critic/lr"] = [lr]
+        self._offload(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        self._load_to_device(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
+        self.checkpoint_manager.save_checkpoint(local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
+        self._offload(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        self._load_to_device(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
+        meta = self.checkpoint_manager.load_checkpoint(local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load)
+        self._offload(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
+        return meta
+
+
+# ---------------------------------------------------------------------------------------------
+# reward model
+# ---------------------------------------------------------------------------------------------
+
+
+def _same_tokenizer(a, b) -> bool:
+    return a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
+
+
+class RewardModelWorker(Worker):
+    """Sequence-classification reward model: `init_model`, `compute_rm_score`.
+
+    Args:
+        config: the `reward_model` section. `model.path` must name a sequence-classification
+            checkpoint; `model.input_tokenizer` is the policy's tokenizer (re-templating happens when
+            it differs from the reward model's).
+    """
+
+    def __init__(self, config, **kwargs):
+        Worker.__init__(self)
+        self.device_name = _setup_process(self)
+        self.config: RewardModelConfig = _to_dataclass(config, RewardModelConfig)
+        import_external_libs(self.config.model.external_lib)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        from verl.workers.reward_model.dp_reward_model import DataParallelRewardModel
+
+        mc = self.config.model
+        if mc.path is None:
+            raise ValueError("reward_model.enable=True needs reward_model.model.path: a sequence-classification reward model directory")
+        self.rm_tokenizer = hf_tokenizer(mc.tokenizer_path or mc.path, trust_remote_code=mc.trust_remote_code)
+        # the policy's tokenizer (null = the embedded default policy, as the yaml interpolates the
+        # actor's model.path); responses are re-templated only when it differs from the RM's
+        input_tokenizer = None
+        try:
+            policy_path = resolve_model_path(mc.input_tokenizer)
+        except RuntimeError:
+            policy_path = None
+        if policy_path is not None and os.path.abspath(policy_path) != os.path.abspath(mc.tokenizer_path or mc.path):
+            policy_tok = hf_tokenizer(policy_path, trust_remote_code=mc.trust_remote_code)
+            if not _same_tokenizer(policy_tok, self.rm_tokenizer):
+                input_tokenizer = policy_tok
+        fsdp_cfg = self.config.fsdp_config
+        module = _build_fsdp_model(build_reward_model, mc.path, mc, fsdp_cfg, self.device_name, self.world_size, train=False)
+        self.reward_model = DataParallelRewardModel(
+            self.config,
+            module,
+            rm_tokenizer=self.rm_tokenizer,
+            input_tokenizer=input_tokenizer,
+            compute_dtype=resolve_compute_dtype(fsdp_cfg, self.device_name),
+            use_remove_padding=mc.use_remove_padding,
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """`rm_scores` [b, R]: the reward model's score at the last valid response token."""
+        scores = self.reward_model.compute_rm_score(data)
+        return DataProto.from_dict(tensors={"rm_scores": scores})
