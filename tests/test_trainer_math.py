@@ -119,7 +119,7 @@ class StubGenTrainer(RayPPOTrainer):
         self.global_steps = 1
         self.rounds = iter(rounds)
 
-    def generate(self, batch, timing_raw):
+    def generate(self, batch, timing_raw, metrics):
         return batch.repeat(self.cfg.rollout.n, interleave=True)
 
     def compute_reward(self, batch, timing_raw, metrics):

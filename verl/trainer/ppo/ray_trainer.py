@@ -447,7 +447,7 @@ class RayPPOTrainer:
         )
         return batch
 
-    def generate(self, batch: DataProto, timing_raw: dict) -> DataProto:
+    def generate(self, batch: DataProto, timing_raw: dict, metrics: dict) -> DataProto:
         """Repeat every prompt `rollout.n` times (interleaved) and append the generated responses."""
         n = self.cfg.rollout.n
         batch = batch.repeat(repeat_times=n, interleave=True)
@@ -457,7 +457,8 @@ class RayPPOTrainer:
         gen_in.meta_info.update(self._gen_meta(validate=False))
         with _timer("gen", timing_raw):
             out = self.actor_rollout_wg.generate_sequences(gen_in)
-        timing_raw.update({f"gen/{k}": v for k, v in out.meta_info.pop("timing", {}).items()})
+        out.meta_info.pop("timing", None)
+        metrics.update(reduce_metrics(out.meta_info.pop("metrics", {}) or {}))
         batch = batch.union(out)
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
@@ -485,6 +486,8 @@ class RayPPOTrainer:
         first.meta_info["do_sample"] = False
         first, pad = pad_dataproto_to_divisor(first, self.dp_size)
         greedy = unpad_dataproto(self.actor_rollout_wg.generate_sequences(first), pad)
+        greedy.meta_info.pop("timing", None)
+        greedy.meta_info.pop("metrics", None)
         prompts_only = batch.select_idxs(np.arange(0, len(batch), n)).select(
             non_tensor_batch_keys=list(batch.non_tensor_batch.keys()))
         scored = prompts_only.union(greedy)
@@ -535,7 +538,7 @@ class RayPPOTrainer:
                 break  # data ran out mid-collection: train on what was collected
             batch = self.prepare_batch(batch_dict, rounds)
             rounds += 1
-            batch = self.generate(batch, timing_raw)
+            batch = self.generate(batch, timing_raw, metrics)
             batch = self.compute_reward(batch, timing_raw, metrics)
             for cb in self.callbacks:
                 cb.on_batch_scored(self, batch, metrics)
@@ -588,7 +591,7 @@ class RayPPOTrainer:
             if "entropys" in out.batch.keys():
                 ent = out.batch.pop("entropys")
                 metrics["actor/entropy"] = masked_mean(ent, batch.batch["response_mask"]).item()
-            out.meta_info.pop("metrics", None)
+            metrics.update(reduce_metrics(out.meta_info.pop("metrics", {}) or {}))
             return batch.union(out)
 
     def compute_ref_log_prob(self, batch: DataProto, timing_raw: dict) -> DataProto:
@@ -626,6 +629,9 @@ class RayPPOTrainer:
         with _timer("update_actor", timing_raw):
             out = self.actor_rollout_wg.update_actor(batch)
         metrics.update(reduce_metrics(out.meta_info.get("metrics", {})))
+        if out.batch is not None and "entropys" in out.batch.keys() and "actor/entropy" not in metrics:
+            # the on-policy shortcut: the update's own forward gives the policy entropy
+            metrics["actor/entropy"] = masked_mean(out.batch["entropys"], batch.batch["response_mask"]).item()
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -799,6 +805,7 @@ class RayPPOTrainer:
             gen_in, pad = pad_dataproto_to_divisor(gen_in, self.dp_size)
             out = unpad_dataproto(self.actor_rollout_wg.generate_sequences(gen_in), pad)
             out.meta_info.pop("timing", None)
+            out.meta_info.pop("metrics", None)
             batch = batch.union(out)
             if "response_mask" not in batch.batch.keys():
                 batch.batch["response_mask"] = compute_response_mask(batch)
