@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import pickle
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -909,6 +910,14 @@ class _RefLabel:
     method: str | None = None
 
 
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _strip_ansi(text: str) -> str:
+    """Ray colours its remote tracebacks for terminals; log files and assertions want plain text."""
+    return _ANSI_ESCAPE.sub("", text)
+
+
 def _ray_get_labeled(refs: list, labels: list | None = None, timeout: float | None = None) -> list:
     """`ray.get` on `refs`, failing fast: the first ref that resolves to an error raises
     WorkerCallError naming its label, without waiting for the others (which may be blocked in a
@@ -935,9 +944,9 @@ def _ray_get_labeled(refs: list, labels: list | None = None, timeout: float | No
             try:
                 results[i] = ray.get(ref)
             except RayTaskError as err:
-                raise WorkerCallError(f"{label.text} raised an exception:\n{err}", label.text, label.rank, label.method) from err
+                raise WorkerCallError(f"{label.text} raised an exception:\n{_strip_ansi(str(err))}", label.text, label.rank, label.method) from err
             except RayActorError as err:
-                raise WorkerCallError(f"{label.text} failed: the worker process died ({type(err).__name__}: {err})", label.text, label.rank, label.method) from err
+                raise WorkerCallError(f"{label.text} failed: the worker process died ({type(err).__name__}: {_strip_ansi(str(err))})", label.text, label.rank, label.method) from err
             except GetTimeoutError:  # pragma: no cover - ray.wait said it is ready
                 raise
     return results

@@ -132,7 +132,9 @@ class RayResourcePool(ResourcePool):
             return self.pgs
         if not self._store:
             raise ValueError("the resource pool has no process slots (process_on_nodes is empty)")
-        name = name or f"{self.name_prefix}verl_group_{'_'.join(map(str, self._store))}:"
+        # placement group names must be unique in the cluster: without a prefix, add a random one
+        prefix = self.name_prefix or f"{get_random_string(6)}_"
+        name = name or f"{prefix}verl_group_{'_'.join(map(str, self._store))}:"
         bundle = self.bundle(device_name)
         lifetime = "detached" if self.detached else None
         pgs = [placement_group([dict(bundle) for _ in range(count)], strategy=strategy, name=f"{name}{i}", lifetime=lifetime) for i, count in enumerate(self._store)]
@@ -385,9 +387,9 @@ class RayWorkerGroup(WorkerGroup):
                 self._workers.append(worker)
                 self._worker_names.append(name)
                 rank += 1
-        resource_pool._groups_placed += 1
         self._master_addr, self._master_port = master_addr, str(master_port)
         self._wait_until_ready()
+        resource_pool._groups_placed += 1
 
     @staticmethod
     def _choose_master(pg: PlacementGroup) -> tuple[str, int]:
@@ -409,7 +411,11 @@ class RayWorkerGroup(WorkerGroup):
         try:
             _ray_get_labeled(refs, labels, timeout=self.ready_timeout_s)
         except TimeoutError as err:
-            raise TimeoutError(f"{err}. The workers are still being scheduled or still in __init__; free Ray resources now: {ray.available_resources()}") from None
+            self.kill_workers()  # the group is unusable: leave no half-started actors behind
+            raise TimeoutError(f"{err}. The workers were still being scheduled or still in __init__; free Ray resources: {ray.available_resources()}") from None
+        except WorkerCallError:
+            self.kill_workers()
+            raise
 
     def _label(self, rank: int, method_name: str) -> _RefLabel:
         cls_name = self.user_cls.__name__ if self.user_cls is not None else "worker"
