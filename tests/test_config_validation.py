@@ -75,6 +75,7 @@ def test_gae_without_critic_is_rejected():
         (["actor_rollout_ref.actor.ppo_mini_batch_size=12"], r"train_batch_size=32 is not a multiple of .*ppo_mini_batch_size=12.*8 prompts"),
         (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48"], r"ppo_micro_batch_size_per_gpu=48 does not divide .* 32 \* 8 / 1 = 256"),
         (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=96"], r"32 \* 8 / 2 = 128"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=512"], r"=512 does not divide .* = 256 sequences"),
     ],
 )
 def test_batch_size_rules_give_the_numbers(overrides, pattern):
@@ -83,8 +84,7 @@ def test_batch_size_rules_give_the_numbers(overrides, pattern):
 
 
 def test_batch_sizes_that_work():
-    # micro larger than the per-worker mini-batch: one micro-batch, accepted
-    validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=512"))
+    validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=256"))
     # dynamic batch sizes ignore the micro-batch size
     validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48",
                         "actor_rollout_ref.actor.use_dynamic_bsz=True"))

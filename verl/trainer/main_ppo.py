@@ -84,13 +84,14 @@ def create_rl_sampler(data_config, dataset):
     return create_sampler(dataset, shuffle=bool(data_config.get("shuffle", True)), seed=int(data_config.get("seed", 1)))
 
 
-def _init_ray(config: DictConfig, n_cpus_needed: float) -> bool:
-    """Start a private loopback Ray (returns True) or join an existing cluster / session."""
+def _init_ray(ray_init: dict) -> bool:
+    """Start a private loopback Ray (returns True) or join an existing cluster (`address` in
+    `ray_kwargs.ray_init` or RAY_ADDRESS; returns True); False when Ray is already initialised."""
     import ray
 
     if ray.is_initialized():
         return False
-    init_kwargs = {k: v for k, v in OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}) or {}, resolve=True).items() if v is not None}
+    init_kwargs = {k: v for k, v in dict(ray_init or {}).items() if v is not None}
     address = init_kwargs.pop("address", None) or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, **init_kwargs)
@@ -98,7 +99,7 @@ def _init_ray(config: DictConfig, n_cpus_needed: float) -> bool:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
-    init_kwargs.setdefault("num_cpus", max(os.cpu_count() or 1, n_cpus_needed))
+    init_kwargs.setdefault("num_cpus", os.cpu_count() or 1)
     init_kwargs.setdefault("include_dashboard", False)
     init_kwargs.setdefault("logging_level", "WARNING")
     init_kwargs.setdefault("_node_ip_address", "127.0.0.1")
@@ -139,13 +140,13 @@ class TaskRunner:
             mapping[Role.RefPolicy] = ray.remote(ActorRolloutRefWorker)
         if v.use_rm:
             mapping[Role.RewardModel] = ray.remote(RewardModelWorker)
-        pool_spec, role_pool = resource_pool_layout(config, mapping)
+        pool_spec, role_pool = resource_pool_layout(tr.nnodes, tr.n_gpus_per_node, tr.role_pools, mapping)
         resource_pool_manager = ResourcePoolManager(
             resource_pool_spec=pool_spec, mapping=role_pool, use_gpu=device == "cuda",
             num_cpus_per_worker=_cpus_per_worker(config, pool_spec, device),
         )
 
-        reward_kwargs = dict(OmegaConf.to_container(config.reward_model.get("reward_kwargs", {}) or {}, resolve=True))
+        reward_kwargs = dict(v.reward_model.reward_kwargs or {})
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **dict(reward_kwargs))
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **dict(reward_kwargs))
 
@@ -167,28 +168,20 @@ class TaskRunner:
                 ray.timeline(filename=timeline)
 
 
-def resource_pool_layout(config: DictConfig, mapping: dict) -> tuple[dict[str, list[int]], dict]:
+def resource_pool_layout(nnodes: int, n_gpus_per_node: int, role_pools: dict | None, mapping: dict) -> tuple[dict[str, list[int]], dict]:
     """Pool name -> processes per node, and role -> pool name.
 
     Every role shares `global_pool` (`trainer.nnodes` x `trainer.n_gpus_per_node` processes)
-    unless `trainer.role_pools.<role>` (critic, ref, rm) gives it its own pool as a list of
-    processes per node, e.g. `trainer.role_pools.critic=[1]`.
+    unless `trainer.role_pools.<role>` (critic, ref, rm; validated by `TrainerConfig`) gives it its
+    own pool, e.g. `trainer.role_pools={critic: [1]}`.
     """
-    tr = config.trainer
-    spec = {"global_pool": [int(tr.n_gpus_per_node)] * int(tr.nnodes)}
+    spec = {"global_pool": [int(n_gpus_per_node)] * int(nnodes)}
     role_of = {"critic": Role.Critic, "ref": Role.RefPolicy, "rm": Role.RewardModel}
-    custom = OmegaConf.to_container(tr.get("role_pools") or {}, resolve=True)
-    unknown = sorted(set(custom) - set(role_of))
-    if unknown:
-        raise ValueError(f"trainer.role_pools has unknown role(s) {unknown}; accepted: {sorted(role_of)}")
     pools = {role: "global_pool" for role in mapping}
-    for name, procs in custom.items():
-        if role_of[name] not in mapping:
-            continue
-        if not isinstance(procs, list) or not procs or not all(isinstance(p, int) and p > 0 for p in procs):
-            raise ValueError(f"trainer.role_pools.{name}={procs!r} must be a list of processes per node, e.g. [1]")
-        spec[f"{name}_pool"] = procs
-        pools[role_of[name]] = f"{name}_pool"
+    for name, procs in (role_pools or {}).items():
+        if role_of[name] in mapping:
+            spec[f"{name}_pool"] = list(procs)
+            pools[role_of[name]] = f"{name}_pool"
     return spec, pools
 
 
@@ -216,10 +209,10 @@ def run_ppo(config: DictConfig | dict, task_runner_class=None) -> dict[str, floa
     config = OmegaConf.create(OmegaConf.to_container(config, resolve=False))  # a private copy
     with open_dict(config):
         config.pop("hydra", None)
-    validate_config(config)  # fail fast, before the embedded default is built or Ray starts
+    v = validate_config(config)  # fail fast, before the embedded default is built or Ray starts
     config = fill_embedded_defaults(config)
     OmegaConf.resolve(config)
-    started = _init_ray(config, n_cpus_needed=1)
+    started = _init_ray(v.ray_kwargs.ray_init)
     t0 = time.time()
     try:
         runner = (task_runner_class or TaskRunner)()

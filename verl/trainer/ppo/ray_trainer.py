@@ -384,9 +384,9 @@ class RayPPOTrainer:
         self.resource_pool_manager.create_resource_pool()
         pool_to_cls: dict[Any, dict[str, Any]] = {p: {} for p in self.resource_pool_manager.resource_pool_dict.values()}
 
-        def add(role: Role, name: str, **init):
-            cls = RayClassWithInitArgs(cls=self.role_worker_mapping[role], **init)
-            pool_to_cls[self.resource_pool_manager.get_resource_pool(role)][name] = cls
+        def add(which: Role, name: str, **init):
+            cls = RayClassWithInitArgs(cls=self.role_worker_mapping[which], **init)
+            pool_to_cls[self.resource_pool_manager.get_resource_pool(which)][name] = cls
 
         add(Role.ActorRollout, "actor_rollout", config=self.config.actor_rollout_ref, role="actor_rollout")
         if self.use_critic:

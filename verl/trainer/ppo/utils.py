@@ -137,7 +137,7 @@ def check_batch_sizes(data: DataConfig, actor: ActorConfig, critic: CriticConfig
     - `ppo_mini_batch_size` (prompts) must divide `data.train_batch_size` (equal-sized optimizer
       steps), and `ppo_mini_batch_size * rollout.n` must be a multiple of n_workers.
     - Without dynamic batch sizes, the per-worker mini-batch `ppo_mini_batch_size * n / n_workers`
-      must be a multiple of `ppo_micro_batch_size_per_gpu` (or smaller than it: one micro-batch).
+      must be a multiple of `ppo_micro_batch_size_per_gpu`.
     """
     n = rollout.n
     seqs = data.train_batch_size * n
@@ -170,7 +170,9 @@ def check_batch_sizes(data: DataConfig, actor: ActorConfig, critic: CriticConfig
                 f"{n_workers} data-parallel workers; make it a multiple of {n_workers}"
             )
         per_worker = mini_seqs // n_workers
-        if not dynamic and micro is not None and micro < per_worker and per_worker % micro:
+        if not dynamic and micro is None:
+            raise ValueError(f"{owner}.ppo_micro_batch_size_per_gpu is null and {owner}.use_dynamic_bsz=False: set one of them")
+        if not dynamic and per_worker % micro:
             raise ValueError(
                 f"{owner}.ppo_micro_batch_size_per_gpu={micro} does not divide the per-worker mini-batch "
                 f"ppo_mini_batch_size * rollout.n / workers = {mini} * {n} / {n_workers} = {per_worker} sequences; "
