@@ -59,6 +59,25 @@ def reduce_device(group) -> torch.device:
     return torch.device("cpu")
 
 
+def global_loss_stats(response_mask: torch.Tensor, uid, group=None) -> core_algos.BatchLossStats:
+    """Aggregation denominators of a mini-batch summed over the data-parallel ranks of `group`.
+
+    `uid` ([b] prompt ids) is needed only for `prompt-mean`; groups split across ranks are merged
+    by id (an all_gather_object of the per-rank counts), else two integers are all-reduced.
+    """
+    local = core_algos.compute_batch_loss_stats(response_mask, uid)
+    dp_size = group_size(group)
+    if dp_size == 1:
+        return local
+    if uid is not None:
+        gathered = [None] * dp_size
+        dist.all_gather_object(gathered, local, group=group)
+        return core_algos.merge_batch_loss_stats(gathered)
+    t = torch.tensor([local.num_tokens, local.num_seqs], dtype=torch.int64, device=reduce_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return core_algos.BatchLossStats(num_tokens=int(t[0]), num_seqs=int(t[1]))
+
+
 class StepMeter:
     """Per-optimizer-step metrics, reduced over data-parallel ranks in one collective at the end.
 
@@ -265,17 +284,7 @@ class DataParallelPPOActor(BasePPOActor):
     # ------------------------------------------------------------------------------------------
 
     def _loss_stats(self, response_mask: torch.Tensor, uid) -> core_algos.BatchLossStats:
-        """Aggregation denominators of a mini-batch, summed over the data-parallel ranks."""
-        local = core_algos.compute_batch_loss_stats(response_mask, uid)
-        if self.dp_size == 1:
-            return local
-        if uid is not None:
-            gathered = [None] * self.dp_size
-            dist.all_gather_object(gathered, local, group=self.process_group)
-            return core_algos.merge_batch_loss_stats(gathered)
-        t = torch.tensor([local.num_tokens, local.num_seqs], dtype=torch.int64, device=reduce_device(self.process_group))
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
-        return core_algos.BatchLossStats(num_tokens=int(t[0]), num_seqs=int(t[1]))
+        return global_loss_stats(response_mask, uid, self.process_group)
 
     def _all_finite(self, loss: torch.Tensor) -> bool:
         finite = bool(torch.isfinite(loss).all())

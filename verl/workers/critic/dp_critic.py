@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from verl.trainer.ppo import core_algos
 from verl.utils.fsdp_utils import autocast_context, clip_grad_norm_
 from verl.utils.seqlen_balancing import compact_rows, plan_micro_batches
-from verl.workers.actor.dp_actor import StepMeter, group_size, reduce_device
+from verl.workers.actor.dp_actor import StepMeter, global_loss_stats, group_size, reduce_device
 from verl.workers.critic.base import BasePPOCritic
 
 __all__ = ["DataParallelPPOCritic"]
@@ -133,6 +134,11 @@ class DataParallelPPOCritic(BasePPOCritic):
             if key not in data.batch.keys():
                 raise KeyError(f"update_critic: the batch has no {key!r}")
         batch = data.batch.select(*_MODEL_INPUTS, "response_mask", "values", "returns")
+        prompt_mean = cfg.loss_agg_mode == "prompt-mean"
+        uid = data.non_tensor_batch.get("uid")
+        if prompt_mean and uid is None:
+            raise KeyError("critic.loss_agg_mode=prompt-mean needs the prompt ids: non_tensor_batch['uid'] is missing")
+        uid = np.asarray(uid) if uid is not None else None
         n = batch.batch_size[0]
         mini = int(cfg.ppo_mini_batch_size)
         if n % mini:
@@ -147,10 +153,11 @@ class DataParallelPPOCritic(BasePPOCritic):
         for epoch in range(cfg.ppo_epochs):
             order = torch.randperm(n, generator=torch.Generator().manual_seed(int(cfg.data_loader_seed) + epoch)) if cfg.shuffle else torch.arange(n)
             for k in range(n // mini):
-                mb = batch[order[k * mini : (k + 1) * mini]]
+                rows = order[k * mini : (k + 1) * mini]
+                mb = batch[rows]
+                mb_uid = uid[rows.numpy()] if prompt_mean else None
                 meter.new_step()
-                local = core_algos.compute_batch_loss_stats(mb["response_mask"])
-                stats = self._global_stats(local)
+                stats = global_loss_stats(mb["response_mask"], mb_uid, self.process_group)
                 self.critic_optimizer.zero_grad(set_to_none=True)
                 ev_sums = torch.zeros(5, dtype=torch.float64)  # n, sum r, sum r^2, sum d, sum d^2
                 for group in self._plan(mb, micro_batch_size, use_dynamic_bsz, max_token_len):
@@ -158,7 +165,9 @@ class DataParallelPPOCritic(BasePPOCritic):
                     mask = micro["response_mask"].to(self._device)
                     vpreds, _ = self._forward_micro_batch(micro)
                     returns = micro["returns"].to(self._device)
-                    info = core_algos.make_global_batch_info(stats, dp_size=self.dp_size, device=self._device)
+                    info = core_algos.make_global_batch_info(
+                        stats, index=mb_uid[group] if prompt_mean else None, dp_size=self.dp_size, device=self._device
+                    )
                     with core_algos.global_batch_info(**info):
                         vf_loss, vf_clipfrac = core_algos.compute_value_loss(
                             vpreds, returns, micro["values"].to(self._device), mask, cfg.cliprange_value, cfg.loss_agg_mode
@@ -191,13 +200,6 @@ class DataParallelPPOCritic(BasePPOCritic):
         metrics = meter.reduce(self.process_group, self.dp_size)
         metrics["critic/nonfinite_grad_skipped_steps"] = [float(skipped_steps)]
         return metrics
-
-    def _global_stats(self, local: core_algos.BatchLossStats) -> core_algos.BatchLossStats:
-        if self.dp_size == 1:
-            return local
-        t = torch.tensor([local.num_tokens, local.num_seqs], dtype=torch.int64, device=reduce_device(self.process_group))
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
-        return core_algos.BatchLossStats(num_tokens=int(t[0]), num_seqs=int(t[1]))
 
     def _all_finite(self, loss: torch.Tensor) -> bool:
         finite = bool(torch.isfinite(loss).all())

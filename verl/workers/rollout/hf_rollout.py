@@ -81,8 +81,11 @@ class HFRollout(BaseRollout):
 
     @staticmethod
     def _out_cache(out):
-        cache = getattr(out, "past_key_values", None)
-        return cache if cache is not None else getattr(out, "cache", None)
+        # outputs are ModelOutput mappings; newer transformers name the field `cache`
+        for key in ("cache", "past_key_values"):
+            if key in out.keys() and out[key] is not None:
+                return out[key]
+        raise RuntimeError(f"{type(out).__name__} returned no KV cache (use_cache=True); this model cannot be used by the hf rollout")
 
     @property
     def _device(self) -> torch.device:
