@@ -49,6 +49,8 @@ class TrainerConfig(BaseConfig):
     - `max_actor_ckpt_to_keep` / `max_critic_ckpt_to_keep`: how many actor / critic checkpoints
       to keep (null: all); older ones are deleted after each save.
     - `seed`: seed of the driver's random generators.
+    - `peak_flops_per_worker`: peak FLOP/s of one worker for the MFU estimate (`perf/mfu/*`);
+      null: a table of known GPUs, on CPU a short fp32 matmul measured at start.
     """
 
     device: str = "auto"
@@ -79,6 +81,7 @@ class TrainerConfig(BaseConfig):
     log_dir: str = "runs/verl/default"
     callbacks: list[str] = field(default_factory=list)
     role_pools: dict[str, list[int]] | None = None
+    peak_flops_per_worker: float | None = None
     plot: bool = True
     seed: int = 1
 
@@ -93,6 +96,7 @@ class TrainerConfig(BaseConfig):
         check_range(owner, "total_epochs", self.total_epochs, low=1)
         check_range(owner, "total_training_steps", self.total_training_steps, low=1, allow_none=True)
         check_range(owner, "critic_warmup", self.critic_warmup, low=0)
+        check_range(owner, "peak_flops_per_worker", self.peak_flops_per_worker, low=0.0, low_open=True, allow_none=True)
         check_range(owner, "log_val_generations", self.log_val_generations, low=0)
         check_range(owner, "max_actor_ckpt_to_keep", self.max_actor_ckpt_to_keep, low=1, allow_none=True)
         check_range(owner, "max_critic_ckpt_to_keep", self.max_critic_ckpt_to_keep, low=1, allow_none=True)

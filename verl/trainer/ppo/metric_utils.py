@@ -188,3 +188,80 @@ def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequenc
                             per_prompt[f"maj@{k}/std"].append(maj_std)
             result[ds][var] = {name: float(np.mean(v)) for name, v in per_prompt.items()}
     return result
+
+
+# ---------------------------------------------------------------------------------- MFU
+# dense bf16 tensor-core peaks (FLOP/s) of common accelerators, by a substring of the device name
+_GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "H20": 148e12, "A100": 312e12, "A800": 312e12,
+                   "L40": 181e12, "A10": 125e12, "4090": 165e12, "3090": 71e12, "V100": 125e12, "T4": 65e12}
+
+
+def peak_flops_per_worker(device: str) -> float | None:
+    """Peak FLOP/s of one worker: a table lookup for known GPUs; on CPU, a short fp32 matmul
+    measured in this process with its current torch threads (an achievable peak, not a
+    datasheet figure). None when unknown."""
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        name = torch.cuda.get_device_name()
+        for key, flops in _GPU_PEAK_FLOPS.items():
+            if key in name:
+                return flops
+        return None
+    import time
+
+    a = torch.randn(512, 512)
+    b = torch.randn(512, 512)
+    a @ b  # warm-up
+    reps = 8
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    elapsed = max(time.perf_counter() - t0, 1e-9)
+    return 2 * 512**3 * reps / elapsed
+
+
+def count_model_params(model_path: str, trust_remote_code: bool = False) -> int | None:
+    """Parameters of the causal LM at `model_path`, counted on the meta device (no weights read)."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
+        return sum(p.numel() for p in model.parameters())
+    except Exception:  # noqa: BLE001 - an estimate only; the metric is left out
+        return None
+
+
+def compute_mfu_metrics(batch, timing_raw: dict[str, float], n_params: int | None, peak_flops: float | None,
+                        n_workers: int, actor_epochs: int = 1, critic_epochs: int = 1) -> dict[str, float]:
+    """Model FLOPs utilisation estimates: `perf/mfu/step` and per phase `perf/mfu/{phase}`.
+
+    FLOPs use the 2N-per-token rule (forward) and 6N (forward + backward) with N the policy's
+    parameters (the critic is assumed to be of the same size), over the valid tokens of the batch
+    (prompt + response for log-prob/value/update passes, prompt + response for generation);
+    attention FLOPs are ignored (short sequences). Divided by time x workers x peak FLOP/s.
+    """
+    if not n_params or not peak_flops:
+        return {}
+    tokens = float(batch.batch["attention_mask"].sum().item())
+    per_phase = {
+        "gen": 2 * n_params * tokens,
+        "old_log_prob": 2 * n_params * tokens,
+        "ref": 2 * n_params * tokens,
+        "values": 2 * n_params * tokens,
+        "update_actor": 6 * n_params * tokens * actor_epochs,
+        "update_critic": 6 * n_params * tokens * critic_epochs,
+    }
+    capacity = n_workers * peak_flops
+    metrics = {}
+    total = 0.0
+    for phase, flops in per_phase.items():
+        t = timing_raw.get(phase)
+        if t and t > 1e-3:
+            metrics[f"perf/mfu/{phase}"] = flops / (t * capacity)
+            total += flops
+    if timing_raw.get("step"):
+        metrics["perf/mfu/step"] = total / (timing_raw["step"] * capacity)
+    return metrics

@@ -53,6 +53,9 @@ from verl.trainer.ppo.checkpoint import (
 )
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
+    compute_mfu_metrics,
+    count_model_params,
+    peak_flops_per_worker,
     compute_throughout_metrics,
     compute_timing_metrics,
     process_validation_metrics,
@@ -488,9 +491,11 @@ class RayPPOTrainer:
         greedy = unpad_dataproto(self.actor_rollout_wg.generate_sequences(first), pad)
         greedy.meta_info.pop("timing", None)
         greedy.meta_info.pop("metrics", None)
-        prompts_only = batch.select_idxs(np.arange(0, len(batch), n)).select(
-            non_tensor_batch_keys=list(batch.non_tensor_batch.keys()))
-        scored = prompts_only.union(greedy)
+        first_rows = np.arange(0, len(batch), n)
+        scored = DataProto.from_dict(
+            tensors={k: greedy.batch[k] for k in greedy.batch.keys()},
+            non_tensors={k: v[first_rows] for k, v in batch.non_tensor_batch.items()},
+        )
         if "response_mask" not in scored.batch.keys():
             scored.batch["response_mask"] = compute_response_mask(scored)
         base, _ = compute_reward(scored, self.reward_fn)
@@ -583,10 +588,10 @@ class RayPPOTrainer:
         return one_mini and not needs_old
 
     def compute_old_log_prob(self, batch: DataProto, timing_raw: dict, metrics: dict) -> DataProto:
+        if self.can_skip_old_log_prob():
+            batch.meta_info["use_current_as_old_log_prob"] = True
+            return batch
         with _timer("old_log_prob", timing_raw):
-            if self.can_skip_old_log_prob():
-                batch.meta_info["use_current_as_old_log_prob"] = True
-                return batch
             out = self.actor_rollout_wg.compute_log_prob(batch)
             if "entropys" in out.batch.keys():
                 ent = out.batch.pop("entropys")
@@ -649,6 +654,9 @@ class RayPPOTrainer:
             log_dir=self.config.trainer.get("log_dir"),
         )
         self._load_checkpoint()
+        # for the MFU estimate (perf/mfu/*): the policy's size and one worker's peak FLOP/s
+        self._n_params = count_model_params(self.config.actor_rollout_ref.model.path, self.cfg.model.trust_remote_code)
+        self._peak_flops = self.config.trainer.get("peak_flops_per_worker") or peak_flops_per_worker(self.device_name)
         for cb in self.callbacks:
             cb.on_fit_start(self)
 
@@ -692,6 +700,9 @@ class RayPPOTrainer:
                                                     max_prompt_length=self.cfg.data.max_prompt_length))
                 metrics.update(compute_timing_metrics(batch, timing_raw))
                 metrics.update(compute_throughout_metrics(batch, timing_raw, n_gpus=self.resource_pool_manager.get_n_gpus()))
+                metrics.update(compute_mfu_metrics(
+                    batch, timing_raw, self._n_params, self._peak_flops, self.resource_pool_manager.get_n_gpus(),
+                    actor_epochs=self.cfg.actor.ppo_epochs, critic_epochs=self.cfg.critic.ppo_epochs))
                 metrics["training/global_step"] = self.global_steps
                 metrics["training/epoch"] = self.epoch
                 metrics["perf/driver_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
