@@ -870,7 +870,7 @@ def all_gather_data_proto(data: DataProto, process_group=None) -> DataProto:
             tensor = data.batch.get(key)
             origin = tensor.device
             shape_rest = tuple(tensor.shape[1:])
-            raw = tensor.detach().to(comm_device).contiguous().reshape(len(data), -1).view(torch.uint8)
+            raw = tensor.detach().to(comm_device).contiguous().reshape(len(data), math.prod(shape_rest)).view(torch.uint8)
             if raw.shape[0] < longest:
                 raw = torch.cat([raw, raw.new_zeros(longest - raw.shape[0], raw.shape[1])])
             bufs = [torch.empty_like(raw) for _ in range(world)]
