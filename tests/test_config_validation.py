@@ -59,7 +59,8 @@ def test_group_estimator_with_one_response_names_both_keys():
     with pytest.raises(ValueError, match=r"adv_estimator='grpo'.*actor_rollout_ref\.rollout\.n=1"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"))
     # a non-group estimator is fine with n=1
-    validate_config(cfg("algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.n=1"))
+    validate_config(cfg("algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.n=1",
+                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32"))
 
 
 def test_gae_without_critic_is_rejected():
@@ -88,7 +89,8 @@ def test_batch_sizes_that_work():
     # dynamic batch sizes ignore the micro-batch size
     validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48",
                         "actor_rollout_ref.actor.use_dynamic_bsz=True"))
-    validate_config(cfg("algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8"))
+    validate_config(cfg("algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"))
 
 
 def test_critic_batch_sizes_use_the_critic_pool():
