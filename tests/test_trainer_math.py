@@ -135,7 +135,7 @@ def prompts(n_batches, bs=2):
 
 
 DAPO = ["algorithm.adv_estimator=grpo", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-        "actor_rollout_ref.rollout.n=2", "algorithm.filter_groups.enable=True"]
+        "actor_rollout_ref.rollout.n=2", "algorithm.filter_groups.enable=True", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
 
 
 def test_dynamic_sampling_keeps_generating_until_enough_groups():
