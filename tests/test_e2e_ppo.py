@@ -1,0 +1,276 @@
+"""End-to-end runs of `run_ppo` (the code path of `python -m verl.trainer.main_ppo`) on CPU with a
+tiny model and data made here: a few steps of each algorithm family, user extensions from files,
+exact resume across an epoch boundary, and the promised error messages.
+
+Every run uses the session Ray (tests/conftest.py) with one worker process of one CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import textwrap
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_workers_common import build_tiny_llama
+
+from verl.trainer.main_ppo import load_default_config, run_ppo
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+DATA_SOURCE = "e2e_toy"
+
+REWARD_FN = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    """Partial credit (digits in the response) so that groups have reward variance."""
+    digits = sum(c.isdigit() for c in solution_str)
+    score = digits / 6 + bonus
+    return {"score": score, "acc": float(digits >= 2)}
+'''
+
+MARKER_LOSS = '''
+import os
+
+from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_policy_loss
+
+MARKER = {marker!r}
+
+
+@register_policy_loss("e2e_marker_loss")
+def marker_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+    with open(MARKER, "a") as fh:
+        fh.write(f"{{os.getpid()}}\\n")
+    return compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+'''
+
+
+def rl_rows(n: int, split: str, data_source: str = DATA_SOURCE, seed: int = 0) -> list[dict]:
+    rows = []
+    for i in range(n):
+        a, b = (i * 7 + seed) % 10, (i * 3 + 1 + seed) % 10
+        rows.append({
+            "data_source": data_source,
+            "prompt": [{"role": "user", "content": f"{a}+{b}"}],
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": split, "index": i},
+        })
+    return rows
+
+
+def write_parquet(rows: list[dict], path: str) -> str:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e_assets")
+    model = build_tiny_llama(str(root / "model"))
+    files = {
+        "model": model,
+        "train": write_parquet(rl_rows(8, "train"), str(root / "train.parquet")),
+        "val": write_parquet(rl_rows(4, "test", seed=5), str(root / "val.parquet")),
+        "reward": str(root / "reward_fn.py"),
+    }
+    (root / "reward_fn.py").write_text(REWARD_FN)
+    return files
+
+
+def base_overrides(assets, run_dir) -> list[str]:
+    return [
+        f"actor_rollout_ref.model.path={assets['model']}",
+        f"data.train_files={assets['train']}",
+        f"data.val_files={assets['val']}",
+        "data.max_prompt_length=16",
+        "data.max_response_length=6",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "critic.optim.lr=1e-3",
+        f"custom_reward_function.path={assets['reward']}",
+        "trainer.cpus_per_worker=1",
+        "trainer.torch_threads_per_worker=1",
+        "trainer.logger=[file]",
+        f"trainer.log_dir={run_dir}/log",
+        f"trainer.default_local_dir={run_dir}/ckpt",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=2",
+        "trainer.save_freq=-1",
+        "trainer.peak_flops_per_worker=1e11",
+    ]
+
+
+def run(assets, run_dir, *overrides) -> tuple[dict, dict[int, dict]]:
+    cfg = load_default_config(base_overrides(assets, run_dir) + list(overrides))
+    out = run_ppo(cfg)
+    metrics: dict[int, dict] = {}
+    with open(os.path.join(run_dir, "log", "metrics.jsonl")) as fh:
+        for line in fh:
+            rec = json.loads(line)
+            metrics.setdefault(rec["step"], {}).update(rec["data"])
+    return out, metrics
+
+
+def finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def test_grpo_with_kl_loss_custom_reward_checkpoint_and_plot(ray_session, assets, tmp_path):
+    out, m = run(
+        assets, tmp_path,
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "+custom_reward_function.reward_kwargs.bonus=0.5",
+        "trainer.save_freq=2",
+    )
+    assert sorted(m) == [0, 1, 2]
+    s2 = m[2]
+    assert finite(s2["actor/kl_loss"]) and finite(s2["actor/pg_loss"]) and finite(s2["actor/grad_norm"])
+    assert s2["critic/score/min"] >= 0.5  # the reward_kwargs bonus reached the user function
+    for key in ("timing_s/gen", "timing_s/ref", "timing_s/update_actor", "timing_s/step", "perf/throughput",
+                "perf/mfu/step", "response_length/clip_ratio", "critic/advantages/mean", "val-core/e2e_toy/reward/mean@1",
+                "val-core/e2e_toy/acc/mean@1", "reward/score_errors"):
+        assert key in s2, key
+    # one mini-batch x one epoch: the separate old-log-prob pass is skipped
+    assert "timing_s/old_log_prob" not in s2 and finite(s2["actor/entropy"])
+    assert out["val-core/e2e_toy/reward/mean@1"] == s2["val-core/e2e_toy/reward/mean@1"]
+    ckpt = tmp_path / "ckpt"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert sorted(os.listdir(ckpt / "global_step_2")) == ["actor", "data.pt", "trainer_state.pt"]
+    png = tmp_path / "log" / "curves.png"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ppo_with_critic_and_adaptive_kl_in_reward(ray_session, assets, tmp_path):
+    _, m = run(
+        assets, tmp_path,
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_in_reward=True",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.kl_coef=0.05",
+        "algorithm.kl_ctrl.horizon=10",
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+    )
+    assert sorted(m) == [1, 2, 3]
+    for step in (1, 2, 3):
+        for key in ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "actor/reward_kl_penalty",
+                    "timing_s/values", "timing_s/update_critic", "timing_s/old_log_prob", "timing_s/ref"):
+            assert key in m[step], (step, key)
+    coef = [m[s]["actor/reward_kl_penalty_coeff"] for s in (1, 2, 3)]
+    assert coef[0] == pytest.approx(0.05)
+    assert coef[1] != coef[0] or coef[2] != coef[1]  # the adaptive controller moved beta
+
+
+def test_dapo_filter_groups_and_overlong_penalty(ray_session, assets, tmp_path):
+    _, m = run(
+        assets, tmp_path,
+        "algorithm.adv_estimator=grpo",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc",
+        "algorithm.filter_groups.max_num_gen_batches=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.clip_ratio_low=0.2",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "reward_model.reward_manager=dapo",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg={enable: true, len: 3, penalty_factor: 1.0, log: true}",
+        "trainer.val_before_train=False",
+    )
+    for step in (1, 2):
+        s = m[step]
+        if s.get("train/skipped_step"):
+            continue
+        assert s["filter_groups/num_gen_batches"] >= 1
+        assert s["filter_groups/kept_groups"] + s["filter_groups/dropped_groups"] == 4 * s["filter_groups/num_gen_batches"]
+    assert "val-aux/e2e_toy/overlong_reward/mean@1" in m[2]
+    assert m[2]["val-aux/e2e_toy/overlong_reward/mean@1"] <= 0
+
+
+def test_gspo_with_the_shipped_scorer(ray_session, assets, tmp_path):
+    # the default scorer of the embedded toy task grades "a+b" prompts of data_source verl_toy/addition
+    from verl.utils.dataset.toy_tasks import ADDITION_DATA_SOURCE
+
+    train = write_parquet(rl_rows(8, "train", data_source=ADDITION_DATA_SOURCE), str(tmp_path / "train.parquet"))
+    val = write_parquet(rl_rows(4, "test", data_source=ADDITION_DATA_SOURCE, seed=5), str(tmp_path / "val.parquet"))
+    _, m = run(
+        assets, tmp_path,
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        "custom_reward_function.path=null",
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+    )
+    assert finite(m[2]["actor/pg_loss"]) and finite(m[2]["critic/score/mean"])
+    assert f"val-core/{ADDITION_DATA_SOURCE}/reward/mean@1" in m[2]
+
+
+def test_custom_policy_loss_from_a_user_file_runs_in_the_workers(ray_session, assets, tmp_path):
+    marker = tmp_path / "calls.txt"
+    loss_file = tmp_path / "my_losses.py"
+    loss_file.write_text(MARKER_LOSS.format(marker=str(marker)))
+    _, m = run(
+        assets, tmp_path,
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=e2e_marker_loss",
+        f"trainer.external_modules=[{loss_file}]",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=False",
+    )
+    pids = {int(p) for p in marker.read_text().split()}
+    assert pids and os.getpid() not in pids  # called inside the worker process, selected by name
+    assert finite(m[1]["actor/pg_loss"])
+
+
+def comparable(step_metrics: dict) -> dict:
+    skip = ("timing", "perf/", "training/")
+    return {k: v for k, v in step_metrics.items() if not k.startswith(skip) and "timing" not in k}
+
+
+def test_resume_is_exact_across_an_epoch_boundary(ray_session, assets, tmp_path):
+    # 8 prompts, 4 per step: an epoch is 2 steps; the interrupted run stops at the epoch boundary
+    common = ("algorithm.adv_estimator=grpo", "trainer.test_freq=-1", "trainer.val_before_train=False",
+              "trainer.save_freq=2", "trainer.total_epochs=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+    _, straight = run(assets, tmp_path / "a", *common, "trainer.total_training_steps=4")
+    _, first = run(assets, tmp_path / "b", *common, "trainer.total_training_steps=2")
+    _, resumed = run(assets, tmp_path / "b", *common, "trainer.total_training_steps=4")
+    assert sorted(straight) == [1, 2, 3, 4] and sorted(resumed) == [1, 2, 3, 4]
+    for step in (1, 2):
+        assert comparable(first[step]) == comparable(straight[step])
+    for step in (3, 4):
+        assert comparable(resumed[step]) == comparable(straight[step]), step
+        assert resumed[step]["training/epoch"] == 1
+
+
+def test_bad_config_value_fails_before_anything_starts(assets, tmp_path):
+    cfg = load_default_config(base_overrides(assets, tmp_path) + ["actor_rollout_ref.actor.policy_loss.loss_mode=nope"])
+    t0 = time.time()
+    with pytest.raises(ValueError, match=r"loss_mode='nope' is not a registered policy loss; registered: \["):
+        run_ppo(cfg)
+    assert time.time() - t0 < 10
+    cfg = load_default_config(base_overrides(assets, tmp_path) + ["data.train_batch_size=3"])
+    with pytest.raises(ValueError, match=r"data\.train_batch_size \* actor_rollout_ref\.rollout\.n|ppo_mini_batch_size=4 is larger"):
+        run_ppo(cfg)
+
+
+def test_bad_data_row_names_the_file_and_row(ray_session, assets, tmp_path):
+    rows = rl_rows(8, "train")
+    rows[5]["prompt"] = "not a list of messages"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_default_config(base_overrides(assets, tmp_path) + ["algorithm.adv_estimator=grpo", f"data.train_files={bad}"])
+    with pytest.raises(Exception, match=r"bad\.jsonl.*row 5") as info:
+        run_ppo(cfg)
+    assert "prompt" in str(info.value)
