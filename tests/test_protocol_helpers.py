@@ -168,7 +168,7 @@ def test_dynamic_enum_members_and_pickling():
     assert Color.GREEN is green and Color.from_name("GREEN") is green
     Color.remove("GREEN")
     with pytest.raises(AttributeError, match="GREEN"):
-        Color.GREEN
+        _ = Color.GREEN
     with pytest.raises(ValueError, match="already registered"):
         Color.register("RED")
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from verl.utils import tensordict_utils as tu
 
@@ -293,7 +293,7 @@ class DataProtoItem:
 # ----------------------------------------------------------------------------- DataProto
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class DataProto:
     """A batch of ``len(self)`` rows: tensors in ``batch``, per-row objects in ``non_tensor_batch``,
     batch-wide values in ``meta_info`` (see the module docstring).
@@ -319,7 +319,7 @@ class DataProto:
         """Raise if the parts disagree: batch must be a TensorDict with one batch dimension, every
         non-tensor entry an np.ndarray with that many rows, meta_info a dict."""
         if self.batch is not None:
-            if not isinstance(self.batch, TensorDict):
+            if not isinstance(self.batch, TensorDictBase):
                 raise TypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
             if len(self.batch.batch_size) != 1:
                 raise ValueError(f"DataProto.batch must have exactly one batch dimension, got batch_size={tuple(self.batch.batch_size)}")

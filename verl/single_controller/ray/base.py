@@ -293,6 +293,7 @@ class RayWorkerGroup(WorkerGroup):
             ``VERL_WORKER_CALL_TIMEOUT_S``). Failed or dead workers raise at once regardless.
         ready_timeout_s: how long to wait for the workers' constructors (default
             `ray_wait_register_center_timeout`).
+        device_name: accelerator of GPU pools (``"cuda"``); ignored for CPU-only pools.
 
     Every driver environment variable starting with ``VERL_`` is passed on to the workers.
     """
@@ -311,9 +312,14 @@ class RayWorkerGroup(WorkerGroup):
         num_threads_per_worker: int | None = None,
         call_timeout_s: float | None = None,
         ready_timeout_s: float | None = None,
+        device_name: str = "cuda",
         **kwargs,
     ) -> None:
-        super().__init__(resource_pool=resource_pool, **kwargs)
+        super().__init__(resource_pool=resource_pool)
+        if kwargs:
+            # upstream callers pass profiling options this implementation does not have
+            logger.warning("RayWorkerGroup ignores unsupported arguments: %s", sorted(kwargs))
+        self.device_name = device_name
         self.ray_cls_with_init = ray_cls_with_init
         self.name_prefix = get_random_string(6) if name_prefix is None else name_prefix
         self._ray_wait_register_center_timeout = ray_wait_register_center_timeout
@@ -341,7 +347,7 @@ class RayWorkerGroup(WorkerGroup):
     def _init_with_resource_pool(self, resource_pool: RayResourcePool, ray_cls_with_init: RayClassWithInitArgs, bin_pack: bool, detached: bool, num_threads_per_worker: int | None) -> None:
         if resource_pool._groups_placed >= resource_pool.max_colocate_count:
             raise RuntimeError(f"the resource pool already hosts {resource_pool._groups_placed} worker groups = max_colocate_count; create the pool with a larger max_colocate_count")
-        pgs = resource_pool.get_placement_groups(strategy="STRICT_PACK" if bin_pack else "PACK")
+        pgs = resource_pool.get_placement_groups(strategy="STRICT_PACK" if bin_pack else "PACK", device_name=self.device_name)
         world_size = resource_pool.world_size
         share = 1.0 / resource_pool.max_colocate_count
         num_cpus = _floor4(resource_pool.num_cpus_per_worker * share)
