@@ -226,3 +226,17 @@ def test_rollout_correction_from_meta_info(tiny):
     actor2.update_policy(_proto(batch2, uid))
     for p, q in zip(updated.parameters(), updated2.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+
+
+def test_grad_clip_scales_the_update(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    batch["old_log_probs"] = reference_log_probs(model, batch) - 0.05 * batch["response_mask"]
+    unclipped = _reference_step(model, batch, uid, "token-mean", lr=1.0)
+    actor, updated = _actor(model, grad_clip=0.01)
+    metrics = actor.update_policy(_proto(batch, uid))
+    norm = metrics["actor/grad_norm"][0]
+    assert norm > 0.01  # clipping is active
+    for p0, p1, q in zip(model.parameters(), updated.parameters(), unclipped.parameters()):
+        # SGD with lr 1: the applied step is the reference step scaled by 0.01 / norm
+        torch.testing.assert_close(p0 - p1, (p0 - q) * (0.01 / norm), atol=1e-7, rtol=1e-4)

@@ -20,6 +20,9 @@ OVERRIDES = {
     "actor_rollout_ref.actor.use_dynamic_bsz": True,
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 24,
     "critic.use_dynamic_bsz": False,
+    # small enough that clipping is active: clipping DTensor gradients is exercised too
+    "actor_rollout_ref.actor.grad_clip": 0.05,
+    "critic.grad_clip": 0.05,
 }
 
 
@@ -86,7 +89,8 @@ def test_world_size_2_log_probs_generation_update_and_checkpoint(setup, tmp_path
     assert torch.equal(greedy1, greedy2)
     m1 = single.update_actor(batch).meta_info["metrics"]
     assert m2["actor/pg_loss"][0] == pytest.approx(m1["actor/pg_loss"][0], rel=1e-5, abs=1e-7)
-    assert set(m2["actor/grad_norm"]) and m2["actor/grad_norm"][0] == pytest.approx(m1["actor/grad_norm"][0], rel=1e-5)
+    assert m2["actor/grad_norm"][0] == pytest.approx(m1["actor/grad_norm"][0], rel=1e-5)
+    assert m2["actor/grad_norm"][0] > 0.05  # the update was clipped
     after2 = actor.compute_log_prob(batch).batch["old_log_probs"]
     after1 = single.compute_log_prob(batch).batch["old_log_probs"]
     torch.testing.assert_close(after2, after1, atol=1e-5, rtol=0)
@@ -124,3 +128,6 @@ def test_world_size_2_critic_matches_single_process(setup):
     m1 = single.update_critic(batch).meta_info["metrics"]
     assert m2["critic/vf_loss"][0] == pytest.approx(m1["critic/vf_loss"][0], rel=1e-5)
     assert m2["critic/grad_norm"][0] == pytest.approx(m1["critic/grad_norm"][0], rel=1e-5)
+    assert m2["critic/grad_norm"][0] > 0.05
+    # the clipped step landed identically
+    torch.testing.assert_close(critic.compute_values(batch).batch["values"], single.compute_values(batch).batch["values"], atol=1e-5, rtol=0)

@@ -174,15 +174,16 @@ def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float | None) 
     the norm is not finite nothing is modified: the caller skips the optimizer step. `max_norm`
     None or <= 0 measures without clipping.
     """
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
         return torch.tensor(0.0)
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False, foreach=None)
+    total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, error_if_nonfinite=False, foreach=None)
     if hasattr(total, "full_tensor"):  # DTensor: the norm over every shard
         total = total.full_tensor()
     total = total.float()
     if max_norm is not None and max_norm > 0 and torch.isfinite(total):
-        torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total, foreach=None)
+        # takes the parameters (it scales their .grad in place)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=None)
     return total
 
 
