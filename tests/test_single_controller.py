@@ -425,6 +425,7 @@ def test_dead_hung_and_failing_workers_raise_promptly(ray_session):
         pool.release()
 
 
+@pytest.mark.slow
 def test_failing_constructor_names_rank_and_leaves_no_actor(ray_session):
     pool = RayResourcePool([2], use_gpu=False)
     try:
@@ -442,6 +443,7 @@ def test_failing_constructor_names_rank_and_leaves_no_actor(ray_session):
 # ----------------------------------------------------------------------------- documentation
 
 
+@pytest.mark.slow
 def test_docs_example_runs(ray_session, capsys):
     import re
     from pathlib import Path
