@@ -1,0 +1,132 @@
+"""FSDPCheckpointManager on one process: layout, exact resume (weights, optimizer, schedule, RNG),
+atomic replacement, retention, contents selection, tracker helpers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from test_workers_common import build_tiny_llama
+
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path, get_checkpoint_tracker_filename
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.set_num_threads(1)
+    return build_tiny_llama(str(tmp_path_factory.mktemp("tiny_ckpt")))
+
+
+def _setup(model_dir, **ckpt_cfg):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (step + 1))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    mgr = FSDPCheckpointManager(model, opt, sched, processing_class=tok, checkpoint_config=ckpt_cfg or None)
+    return model, opt, sched, mgr
+
+
+def _train_step(model, opt, sched):
+    ids = torch.randint(0, 40, (2, 6))
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    sched.step()
+
+
+def test_save_load_resumes_exactly(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model, opt, sched, mgr = _setup(model_dir)
+    _train_step(model, opt, sched)
+    path = str(tmp_path / "global_step_1" / "actor")
+    mgr.save_checkpoint(path, global_step=1)
+    assert sorted(os.listdir(path)) == ["checkpoint_meta.json", "extra_state_world_size_1_rank_0.pt", "huggingface", "optim.pt"]
+    assert not os.path.exists(path + ".incomplete")
+    # the weights are a loadable Hugging Face model directory with its tokenizer
+    hf = AutoModelForCausalLM.from_pretrained(os.path.join(path, "huggingface"))
+    for (name, a), b in zip(model.state_dict().items(), hf.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert os.path.exists(os.path.join(path, "huggingface", "tokenizer.json"))
+    # continue: the reference trajectory
+    torch.manual_seed(7)
+    _train_step(model, opt, sched)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+
+    model2, opt2, sched2, mgr2 = _setup(model_dir)
+    meta = mgr2.load_checkpoint(path)
+    assert meta["global_step"] == 1 and sched2.last_epoch == sched.last_epoch - 1
+    torch.manual_seed(7)
+    _train_step(model2, opt2, sched2)
+    for k, v in model2.state_dict().items():
+        torch.testing.assert_close(v, expected[k], atol=0, rtol=0)
+    # RNG state saved at checkpoint time is restored by load
+    model3, opt3, sched3, mgr3 = _setup(model_dir)
+    torch.manual_seed(123)
+    mgr3.save_checkpoint(str(tmp_path / "rng"), global_step=2)
+    first = torch.rand(3)
+    mgr3.load_checkpoint(str(tmp_path / "rng"))
+    assert torch.equal(torch.rand(3), first)
+
+
+def test_overwrite_is_atomic_and_stale_staging_is_removed(model_dir, tmp_path):
+    model, opt, sched, mgr = _setup(model_dir)
+    path = str(tmp_path / "ckpt")
+    os.makedirs(path + ".incomplete")  # left by a crash
+    open(os.path.join(path + ".incomplete", "junk"), "w").close()
+    mgr.save_checkpoint(path, global_step=1)
+    _train_step(model, opt, sched)
+    mgr.save_checkpoint(path, global_step=2)  # replaces the directory as a whole
+    assert not os.path.exists(path + ".incomplete") and not os.path.exists(path + ".old")
+    model2, opt2, sched2, mgr2 = _setup(model_dir)
+    assert mgr2.load_checkpoint(path)["global_step"] == 2
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_retention_keeps_the_newest(model_dir, tmp_path):
+    _, _, _, mgr = _setup(model_dir, save_contents=["model"])
+    paths = [str(tmp_path / f"global_step_{i}") for i in range(4)]
+    for i, p in enumerate(paths):
+        mgr.save_checkpoint(p, global_step=i, max_ckpt_to_keep=2)
+    assert [os.path.exists(p) for p in paths] == [False, False, True, True]
+
+
+def test_contents_selection_and_missing_contents(model_dir, tmp_path):
+    model, opt, sched, mgr = _setup(model_dir, save_contents=["model"])
+    path = str(tmp_path / "weights_only")
+    mgr.save_checkpoint(path)
+    assert sorted(os.listdir(path)) == ["checkpoint_meta.json", "huggingface"]
+    _, _, _, full = _setup(model_dir)  # wants model + optimizer + extra
+    with pytest.raises(ValueError, match=r"does not contain \['extra', 'optimizer'\]"):
+        full.load_checkpoint(path)
+    with pytest.raises(ValueError, match="unknown entries"):
+        _setup(model_dir, save_contents=["model", "weights"])
+    with pytest.raises(FileNotFoundError, match="not a checkpoint"):
+        full.load_checkpoint(str(tmp_path))
+    assert full.load_checkpoint(None) is None
+
+
+def test_copy_to_local_hdfs_path(model_dir, tmp_path):
+    _, _, _, mgr = _setup(model_dir, save_contents=["model"])
+    mgr.save_checkpoint(str(tmp_path / "a"), hdfs_path=str(tmp_path / "mirror"))
+    assert os.path.exists(tmp_path / "mirror" / "huggingface" / "model.safetensors")
+    with pytest.raises(NotImplementedError, match="hdfs://"):
+        mgr.save_checkpoint(str(tmp_path / "b"), hdfs_path="hdfs://cluster/x")
+
+
+def test_tracker_helpers(tmp_path):
+    root = str(tmp_path)
+    assert find_latest_ckpt_path(root) is None
+    os.makedirs(tmp_path / "global_step_5")
+    with open(get_checkpoint_tracker_filename(root), "w") as f:
+        f.write("5")
+    assert find_latest_ckpt_path(root) == os.path.join(root, "global_step_5")
+    with open(get_checkpoint_tracker_filename(root), "w") as f:
+        f.write("7")
+    assert find_latest_ckpt_path(root) is None  # tracker points at a missing directory
