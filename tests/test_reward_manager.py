@@ -207,3 +207,11 @@ def test_user_manager_class_from_file(tmp_path):
         get_reward_manager_cls("nope")
     with pytest.raises(AttributeError, match="defines no 'Missing'"):
         get_reward_manager_cls(f"{f}:Missing")
+
+
+def test_unknown_data_source_stops_the_run():
+    def no_scorer(data_source, solution_str, ground_truth, extra_info=None):
+        raise NotImplementedError(f"no reward function for data_source={data_source!r}")
+
+    with pytest.raises(NotImplementedError, match="data_source='toy'"):
+        NaiveRewardManager(CharTokenizer(), 0, no_scorer)(make_batch(["1$"], ["1"]))

@@ -22,6 +22,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.ppo.utils import Role, resolve_device, validate_config
+# upstream exposes these two here; they live with the dataset
+from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -60,28 +62,6 @@ def fill_embedded_defaults(config: DictConfig) -> DictConfig:
         if need_val:
             config.data.val_files = embedded_default.val_files()
     return config
-
-
-def create_rl_dataset(data_paths, data_config, tokenizer, processor=None, is_train: bool = True):
-    """`data.custom_cls` when set, else `RLHFDataset`, over `data_paths` (upstream name)."""
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-    from verl.utils.import_utils import load_extern_type
-
-    custom = data_config.get("custom_cls") or {}
-    cls = RLHFDataset
-    if custom.get("path"):
-        cls = load_extern_type(custom["path"], custom.get("name"))
-        if not isinstance(cls, type) or not hasattr(cls, "__getitem__"):
-            raise TypeError(f"data.custom_cls {custom['path']}:{custom.get('name')} is not a dataset class")
-    return cls(data_files=data_paths, tokenizer=tokenizer, processor=processor, config=data_config)
-
-
-def create_rl_sampler(data_config, dataset):
-    """A seeded sampler: shuffled (`data.shuffle`) with order a function of (`data.seed`, epoch),
-    else sequential. Its position is part of the dataloader state, so resume is exact."""
-    from verl.utils.dataset import create_sampler
-
-    return create_sampler(dataset, shuffle=bool(data_config.get("shuffle", True)), seed=int(data_config.get("seed", 1)))
 
 
 def _init_ray(ray_init: dict) -> bool:

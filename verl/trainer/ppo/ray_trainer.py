@@ -333,9 +333,9 @@ class RayPPOTrainer:
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
         """Build the stateful train dataloader and the validation dataloader; fix the number of
         training steps and write it into the optimizers' schedule configs."""
-        from verl.trainer.main_ppo import create_rl_dataset, create_rl_sampler
-        from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
         from verl.utils.dataset import StatefulDataLoader
+        from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
+        from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler
 
         data = self.cfg.data
         if train_dataset is None:

@@ -15,7 +15,9 @@ Errors: a scoring call that raises (or times out) is never silent. With `error_s
 float, default 0.0) the response gets that score, the row is flagged in
 `reward_extra_info["score_error"]` (the trainer logs the count as `reward/score_errors`) and the
 first error of each manager is logged with its traceback. With `error_score=None` the error is
-raised again, naming the row and its data source.
+raised again, naming the row and its data source. `NotImplementedError` (the shipped
+`default_compute_score` has no scorer for the data source) always stops the run: it is a
+configuration mistake, and scoring every response 0 would hide it.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class AbstractRewardManager:
                 ground_truth=item.ground_truth,
                 extra_info=item.extra_info,
             )
+        except NotImplementedError:
+            raise  # no scorer for this data source: a configuration error, not a flaky scorer
         except Exception as exc:  # noqa: BLE001 - the error is counted and reported, see module docstring
             return ScoreError(exc, traceback.format_exc())
 
