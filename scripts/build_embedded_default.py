@@ -1,0 +1,416 @@
+#!/usr/bin/env python
+"""Build the embedded default that `python -m verl.trainer.main_ppo` trains when no model/data is given.
+
+Steps (all seeded, all offline, a few minutes on a 2-core CPU):
+
+1. tokenizer: byte-level BPE (the 256 byte symbols, no merges, so digits are always single tokens)
+   built with the `tokenizers` library, wrapped as `PreTrainedTokenizerFast` with pad/bos/eos and a
+   compact jinja chat template (``<|bos|><|user|>347+85<|end|><|assistant|>``). The tokenizer class is
+   written explicitly into tokenizer_config.json so `AutoTokenizer.from_pretrained(dir)` loads exactly
+   this tokenizer.json.
+2. model: a randomly initialised transformers `LlamaForCausalLM` (about 1M parameters by default).
+   Llama, not Qwen2: transformers 5 maps a Qwen2 config.json to `Qwen2Tokenizer` whatever
+   tokenizer_config.json says, and that class NFC-normalises text (it does not round-trip).
+3. data: the addition toy task (`verl/utils/dataset/toy_tasks.py`) as parquet in the upstream schema:
+   `data/train.parquet` and `data/test.parquet` for RL, `sft/train.parquet` and `sft/val.parquet` for
+   the warm-up (disjoint problem sets; test excludes every train problem).
+4. warm-up: a short supervised run of `verl.trainer.fsdp_sft_trainer` (world size 1) so that RL starts
+   from a policy that is sometimes right; the result (model + tokenizer) goes to `model/`.
+5. evaluation: greedy accuracy, sampled (T=1) mean accuracy and pass@k on the test split, written to
+   `build_info.json` together with all build arguments and artifact sizes.
+
+Usage:
+    python scripts/build_embedded_default.py                       # rebuild verl/assets/embedded_default
+    python scripts/build_embedded_default.py --output_dir /tmp/ed --hidden_size 32 --num_layers 1 \
+        --sft_steps 5 --n_train 64 --n_test 32 --n_sft_train 64 --n_sft_val 16   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from verl.utils.dataset.toy_tasks import (  # noqa: E402
+    AdditionTask,
+    addition_rl_row,
+    addition_sft_row,
+    generate_addition_problems,
+    make_addition_splits,
+)
+
+PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|end|>"
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+SPECIAL_TOKENS = [PAD, BOS, EOS, *ROLE_TOKENS.values()]
+
+# Each message is <|role|>content<|end|>; the generation prompt opens the assistant turn. The model
+# answers with the content and closes with <|end|> (the eos token), so generation stops there.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown chat role ' ~ message['role'] ~ '; expected system, user or assistant') }}"
+    "{% endif %}"
+    "{{ '<|' ~ message['role'] ~ '|>' ~ message['content'] ~ '<|end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+# ----------------------------------------------------------------------------------------------------
+# 1. tokenizer
+# ----------------------------------------------------------------------------------------------------
+def build_tokenizer(model_max_length: int = 512):
+    """Byte-level BPE with no merges plus 6 special tokens; vocabulary of 262 ids.
+
+    Byte symbols take ids 0..255 (in byte order), special tokens 256..261 (pad, bos, eos, system,
+    user, assistant). Any UTF-8 text round-trips exactly.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_symbols = pre_tokenizers.ByteLevel.alphabet()  # 256 printable stand-ins for the bytes
+    # Order the symbols by the byte they stand for so ids are stable and readable (id == byte value).
+    symbol_of_byte = _bytes_to_unicode()
+    assert set(symbol_of_byte.values()) == set(byte_symbols)
+    vocab = {symbol_of_byte[b]: b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False))
+    # use_regex=False: no GPT-2 word splitting is needed when there are no merges; add_prefix_space
+    # False so "12" and " 12" stay different strings.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        extra_special_tokens=list(ROLE_TOKENS.values()),
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+    hf_tok.chat_template = CHAT_TEMPLATE
+    return hf_tok
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """The GPT-2 byte -> printable unicode symbol table used by the ByteLevel pre-tokenizer."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def save_tokenizer(tokenizer, out_dir: str | os.PathLike) -> None:
+    """save_pretrained, then pin `tokenizer_class` so AutoTokenizer never guesses from config.json."""
+    out_dir = Path(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    cfg_path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------
+# 2. model
+# ----------------------------------------------------------------------------------------------------
+def build_model(tokenizer, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                intermediate_size: int, max_position_embeddings: int, seed: int):
+    """A randomly initialised LlamaForCausalLM with tied input/output embeddings (float32)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads}")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        use_cache=True,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------
+# 3. data
+# ----------------------------------------------------------------------------------------------------
+def write_parquet(rows: list[dict], path: str | os.PathLike) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), str(path))
+
+
+# ----------------------------------------------------------------------------------------------------
+# 4. warm-up (SFT) with an imperfect teacher
+# ----------------------------------------------------------------------------------------------------
+def write_sft_data(out_dir: Path, task: AdditionTask, sft_train: list[tuple[int, int]], sft_val: list[tuple[int, int]],
+                   careless_rate: float, seed: int) -> dict[str, str]:
+    """SFT parquet files. With probability ``careless_rate`` a problem's response is the carry-dropping answer.
+
+    The warm-up imitates a teacher who often forgets to carry: the resulting policy knows both the
+    correct algorithm and the mistake, prefers the mistake on problems with a carry (greedy is wrong
+    there) but samples the correct answer often enough for group-relative RL to find and reinforce it.
+    """
+    import random
+
+    rng = random.Random(seed * 7919 + 17)
+    paths = {"sft_train": out_dir / "sft" / "train.parquet", "sft_val": out_dir / "sft" / "val.parquet"}
+    write_parquet([addition_sft_row(a, b, "sft_train", i, careless=rng.random() < careless_rate)
+                   for i, (a, b) in enumerate(sft_train)], paths["sft_train"])
+    write_parquet([addition_sft_row(a, b, "sft_val", i, careless=rng.random() < careless_rate)
+                   for i, (a, b) in enumerate(sft_val)], paths["sft_val"])
+    return {k: str(v) for k, v in paths.items()}
+
+
+def run_warmup(init_dir: Path, sft_paths: dict[str, str], work_dir: Path, args) -> tuple[str, dict]:
+    """Run verl.trainer.fsdp_sft_trainer (one process) from the random init; returns (model dir, result)."""
+    from hydra import compose, initialize_config_module
+
+    from verl.trainer.fsdp_sft_trainer import run_sft
+
+    overrides = [
+        f"data.train_files={sft_paths['sft_train']}",
+        f"data.val_files={sft_paths['sft_val']}",
+        "data.prompt_key=prompt",
+        "data.response_key=response",
+        f"data.max_length={args.max_length}",
+        f"data.train_batch_size={args.sft_batch_size}",
+        f"data.micro_batch_size_per_gpu={args.sft_batch_size}",
+        f"data.seed={args.seed}",
+        f"model.partial_pretrain={init_dir}",
+        f"optim.lr={args.sft_lr}",
+        "optim.betas=[0.9,0.95]",
+        "optim.weight_decay=0.01",
+        f"optim.warmup_steps_ratio={args.sft_warmup_ratio}",
+        "optim.lr_scheduler=cosine",
+        f"optim.min_lr_ratio={args.sft_min_lr_ratio}",
+        f"trainer.default_local_dir={work_dir / 'sft_ckpt'}",
+        f"trainer.total_training_steps={args.sft_steps}",
+        "trainer.total_epochs=1000",
+        f"trainer.seed={args.seed}",
+        f"trainer.test_freq={max(1, args.sft_steps // 4)}",
+        f"trainer.log_freq={max(1, args.sft_steps // 10)}",
+        "trainer.device=cpu",
+        f"trainer.torch_threads={args.threads}",
+    ]
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        cfg = compose(config_name="sft_trainer", overrides=overrides)
+    result = run_sft(cfg)
+    return result["final_checkpoint"], result
+
+
+# ----------------------------------------------------------------------------------------------------
+# 5. evaluation
+# ----------------------------------------------------------------------------------------------------
+def evaluate_model(model_dir: str, test_path: str, n_samples: int, max_new_tokens: int, seed: int,
+                   batch_size: int = 512, limit: int | None = None) -> dict:
+    """Greedy accuracy, sampled (temperature 1, no top-k/top-p) mean accuracy and pass@n_samples.
+
+    Prompts are left padded; generation uses the KV cache and stops at eos; a response that hits
+    ``max_new_tokens`` without eos is scored as decoded (it will be wrong for this task).
+    """
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl.utils.dataset.toy_tasks import AdditionTask
+    from verl.utils.reward_score import default_compute_score
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rows = pq.read_table(test_path).to_pylist()
+    if limit:
+        rows = rows[:limit]
+    prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"] for r in rows]
+
+    def generate(prompt_ids: list[list[int]], do_sample: bool) -> list[str]:
+        texts = []
+        for i in range(0, len(prompt_ids), batch_size):
+            chunk = prompt_ids[i:i + batch_size]
+            width = max(map(len, chunk))
+            ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for j, p in enumerate(chunk):
+                ids[j, width - len(p):] = torch.tensor(p)
+                mask[j, width - len(p):] = 1
+            kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if do_sample else dict(do_sample=False)
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **kwargs)
+            texts.extend(tok.batch_decode(out[:, width:], skip_special_tokens=True))
+        return texts
+
+    def score(text: str, row: dict) -> float:
+        return float(default_compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"]))
+
+    torch.manual_seed(seed)
+    t0 = time.time()
+    greedy_text = generate(prompts, do_sample=False)
+    greedy = [score(t, r) for t, r in zip(greedy_text, rows)]
+    sampled_text = generate([p for p in prompts for _ in range(n_samples)], do_sample=True)
+    sampled = [score(t, rows[i // n_samples]) for i, t in enumerate(sampled_text)]
+    per_prompt = [sampled[i * n_samples:(i + 1) * n_samples] for i in range(len(rows))]
+    carry = [AdditionTask.has_carry(r["extra_info"]["a"], r["extra_info"]["b"]) for r in rows]
+    careless_greedy = [t.strip() == AdditionTask.careless_answer(r["extra_info"]["a"], r["extra_info"]["b"])
+                       for t, r, c in zip(greedy_text, rows, carry) if c]
+    n_carry = max(1, sum(carry))
+    return {
+        "n_prompts": len(rows),
+        "greedy_accuracy": sum(greedy) / len(rows),
+        "sampled_accuracy_t1": sum(sampled) / len(sampled),
+        f"pass@{n_samples}_t1": sum(max(p) for p in per_prompt) / len(rows),
+        "greedy_accuracy_no_carry": sum(g for g, c in zip(greedy, carry) if not c) / max(1, len(rows) - sum(carry)),
+        "greedy_accuracy_with_carry": sum(g for g, c in zip(greedy, carry) if c) / n_carry,
+        "greedy_careless_rate_with_carry": sum(careless_greedy) / n_carry,
+        "fraction_with_carry": sum(carry) / len(rows),
+        "eval_seconds": time.time() - t0,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# driver
+# ----------------------------------------------------------------------------------------------------
+def dir_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_out = REPO_ROOT / "verl" / "assets" / "embedded_default"
+    p.add_argument("--output_dir", default=str(default_out), help="where model/, data/, sft/ and build_info.json go")
+    p.add_argument("--seed", type=int, default=0)
+    # task
+    p.add_argument("--min_digits", type=int, default=2)
+    p.add_argument("--max_digits", type=int, default=2)
+    p.add_argument("--n_train", type=int, default=2048, help="RL training prompts")
+    p.add_argument("--n_test", type=int, default=256, help="RL validation prompts")
+    p.add_argument("--n_sft_train", type=int, default=4096)
+    p.add_argument("--n_sft_val", type=int, default=256)
+    p.add_argument("--careless_rate", type=float, default=0.6,
+                   help="probability that the warm-up teacher answers with the carry-dropping sum")
+    # model
+    p.add_argument("--hidden_size", type=int, default=128)
+    p.add_argument("--num_layers", type=int, default=4)
+    p.add_argument("--num_heads", type=int, default=4)
+    p.add_argument("--num_kv_heads", type=int, default=2)
+    p.add_argument("--intermediate_size", type=int, default=512)
+    p.add_argument("--max_position_embeddings", type=int, default=256)
+    # warm-up
+    p.add_argument("--sft_steps", type=int, default=1500)
+    p.add_argument("--sft_batch_size", type=int, default=64)
+    p.add_argument("--sft_lr", type=float, default=2e-3)
+    p.add_argument("--sft_warmup_ratio", type=float, default=0.05)
+    p.add_argument("--sft_min_lr_ratio", type=float, default=0.1)
+    p.add_argument("--max_length", type=int, default=24, help="SFT sequence length (prompt + response tokens)")
+    # evaluation
+    p.add_argument("--eval_samples", type=int, default=8, help="samples per prompt for sampled accuracy / pass@k")
+    p.add_argument("--eval_max_new_tokens", type=int, default=8)
+    p.add_argument("--skip_eval", action="store_true")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 gives reproducible timings)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.output_dir).resolve()
+    task = AdditionTask(args.min_digits, args.max_digits)
+    t_start = time.time()
+    with tempfile.TemporaryDirectory(prefix="verl_embedded_build_") as tmp:
+        work = Path(tmp)
+        staging = work / "out"
+        # 1-3: tokenizer, random init, data
+        tokenizer = build_tokenizer()
+        model = build_model(tokenizer, args.hidden_size, args.num_layers, args.num_heads, args.num_kv_heads,
+                            args.intermediate_size, args.max_position_embeddings, args.seed)
+        n_params = sum(p.numel() for p in model.parameters())
+        init_dir = work / "init"
+        model.save_pretrained(init_dir)
+        save_tokenizer(tokenizer, init_dir)
+        del model
+        train, test = make_addition_splits(task, args.n_train, args.n_test, args.seed)
+        used = set(train) | set(test)
+        sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, "sft_val", exclude=used)
+        sft_train = generate_addition_problems(task, args.n_sft_train, args.seed, "sft_train", exclude=used | set(sft_val))
+        data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
+        write_parquet([addition_rl_row(a, b, "train", i) for i, (a, b) in enumerate(train)], data_paths["train"])
+        write_parquet([addition_rl_row(a, b, "test", i) for i, (a, b) in enumerate(test)], data_paths["test"])
+        sft_paths = write_sft_data(staging, task, sft_train, sft_val, args.careless_rate, args.seed)
+        # 4: warm-up
+        t_sft = time.time()
+        final_ckpt, sft_result = run_warmup(init_dir, sft_paths, work, args)
+        sft_seconds = time.time() - t_sft
+        shutil.copytree(final_ckpt, staging / "model")
+        # 5: evaluation of the shipped checkpoint
+        metrics = {}
+        if not args.skip_eval:
+            metrics = evaluate_model(str(staging / "model"), str(data_paths["test"]), args.eval_samples,
+                                     args.eval_max_new_tokens, args.seed)
+        history = sft_result["history"]
+        info = {
+            "task": {"data_source": "verl_toy/addition", "min_digits": args.min_digits, "max_digits": args.max_digits,
+                     "n_train": len(train), "n_test": len(test), "n_sft_train": len(sft_train),
+                     "n_sft_val": len(sft_val), "careless_rate": args.careless_rate},
+            "model": {"architecture": "LlamaForCausalLM", "parameters": n_params, "hidden_size": args.hidden_size,
+                      "num_layers": args.num_layers, "num_heads": args.num_heads, "num_kv_heads": args.num_kv_heads,
+                      "intermediate_size": args.intermediate_size, "vocab_size": len(tokenizer)},
+            "sft": {"steps": args.sft_steps, "batch_size": args.sft_batch_size, "lr": args.sft_lr,
+                    "seconds": round(sft_seconds, 1), "threads": args.threads,
+                    "final_train_loss": history[-1]["train/loss"] if history else None,
+                    "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
+                    "skipped_steps": sft_result["skipped_steps"]},
+            "eval_test_split": metrics,
+            "build_args": vars(args) | {"output_dir": None},
+            "torch": torch.__version__,
+        }
+        # Replace the output directory only once everything succeeded.
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(staging, out)
+    info["sizes_bytes"] = {name: dir_size(out / name) for name in ("model", "data", "sft")}
+    info["sizes_bytes"]["total"] = dir_size(out)
+    info["build_seconds"] = round(time.time() - t_start, 1)
+    (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps({"output_dir": str(out), "sft": info["sft"], "eval": metrics, "sizes": info["sizes_bytes"]}, indent=2))
+    return info
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""MATH-style scorer: the last ``\\boxed{...}`` of the response against the reference answer.
+
+Used for ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500`` and
+similar sources. When the optional package ``math_verify`` is importable it decides equivalence
+(symbolic comparison); otherwise both answers go through a hand-written LaTeX normaliser (fractions,
+``\\left``/``\\right``, units in ``\\text{}``, degrees, dollar signs, spaces, ``0.5`` vs ``.5``,
+``a/b`` vs ``\\frac{a}{b}``, ``\\sqrt2`` vs ``\\sqrt{2}``) and are compared as strings.
+
+Score: 1.0 when equivalent, 0.0 otherwise (also when the response has no ``\\boxed{}``).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["compute_score", "last_boxed_only_string", "remove_boxed", "strip_string", "is_equiv"]
+
+
+def last_boxed_only_string(text: str) -> str | None:
+    """The last ``\\boxed{...}`` (braces balanced) or ``\\boxed ...`` / ``\\fbox{...}`` in ``text``."""
+    idx = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if idx < 0:
+        return None
+    if text.startswith("\\boxed ", idx):
+        # "\boxed 5$" style: up to the next "$" or end of text
+        rest = text[idx + len("\\boxed "):]
+        return "\\boxed " + rest.split("$")[0].strip()
+    depth = 0
+    for j in range(idx, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[idx:j + 1]
+    return None  # unbalanced braces: no complete answer
+
+
+def remove_boxed(boxed: str) -> str:
+    """``\\boxed{x}`` -> ``x``; ``\\boxed x`` -> ``x``; ``\\fbox{x}`` -> ``x``."""
+    for prefix in ("\\boxed ",):
+        if boxed.startswith(prefix):
+            return boxed[len(prefix):]
+    for prefix in ("\\boxed{", "\\fbox{"):
+        if boxed.startswith(prefix) and boxed.endswith("}"):
+            return boxed[len(prefix):-1]
+    raise ValueError(f"not a boxed expression: {boxed!r}")
+
+
+def _fix_fracs(s: str) -> str:
+    # \frac12 -> \frac{1}{2}, \frac1{72} -> \frac{1}{72}
+    parts = s.split("\\frac")
+    out = parts[0]
+    for part in parts[1:]:
+        out += "\\frac"
+        if part.startswith("{") or len(part) < 2:
+            out += part
+            continue
+        a, b, rest = part[0], part[1], part[2:]
+        if b == "{":
+            out += "{" + a + "}" + b + rest
+        else:
+            out += "{" + a + "}{" + b + "}" + rest
+    return out
+
+
+def _fix_a_slash_b(s: str) -> str:
+    m = re.fullmatch(r"(-?\d+)/(\d+)", s)
+    return f"\\frac{{{m.group(1)}}}{{{m.group(2)}}}" if m else s
+
+
+def _fix_sqrt(s: str) -> str:
+    return re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", s)
+
+
+def _remove_right_units(s: str) -> str:
+    # "5 \text{ cm}" -> "5"
+    if "\\text{ " in s:
+        return s.split("\\text{ ")[0]
+    return s
+
+
+def strip_string(s: str) -> str:
+    """Normalise a LaTeX answer so that equivalent spellings compare equal as strings."""
+    s = s.replace("\n", "").replace("\\!", "")
+    s = s.replace("\\\\", "\\")
+    s = s.replace("tfrac", "frac").replace("dfrac", "frac")
+    s = s.replace("\\left", "").replace("\\right", "")
+    s = s.replace("^{\\circ}", "").replace("^\\circ", "")
+    s = s.replace("\\$", "").replace("$", "")
+    s = _remove_right_units(s)
+    s = s.replace("\\%", "").replace("%", "")
+    s = re.sub(r"\\text\{(.*?)\}", r"\1", s)
+    s = s.replace("\\mbox", "")
+    s = s.replace(" .", " 0.").replace("{.", "{0.")
+    if s.startswith("."):
+        s = "0" + s
+    # "x = 5" -> "5" when the left side is a short variable name
+    if s.count("=") == 1 and len(s.split("=")[0].strip()) <= 2:
+        s = s.split("=")[1]
+    s = _fix_sqrt(s)
+    s = s.replace(" ", "")
+    s = _fix_fracs(s)
+    if s == "0.5":
+        s = "\\frac{1}{2}"
+    s = _fix_a_slash_b(s)
+    # trailing zeros of a plain decimal: 2.50 -> 2.5, 3.0 -> 3
+    if re.fullmatch(r"-?\d+\.\d+", s):
+        s = s.rstrip("0").rstrip(".")
+    s = s.rstrip(".")
+    return s
+
+
+def is_equiv(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return False
+    return strip_string(a) == strip_string(b)
+
+
+def _math_verify_equal(answer_latex: str, truth: str) -> bool | None:
+    """math_verify's verdict, or None when the package is not installed or cannot parse the input."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        return None
+    try:
+        gold = parse("\\boxed{" + truth + "}")
+        pred = parse("\\boxed{" + answer_latex + "}")
+        if not gold or not pred:
+            return None
+        return bool(verify(gold, pred))
+    except Exception:  # math_verify raises on exotic LaTeX; fall back to the normaliser
+        return None
+
+
+def compute_score(solution_str: str, ground_truth) -> float:
+    """1.0 when the last boxed answer of ``solution_str`` equals ``ground_truth``, else 0.0."""
+    boxed = last_boxed_only_string(solution_str)
+    if boxed is None:
+        return 0.0
+    answer = remove_boxed(boxed)
+    truth = str(ground_truth)
+    if truth.lstrip().startswith(("\\boxed", "\\fbox")):
+        inner = last_boxed_only_string(truth)
+        truth = remove_boxed(inner) if inner else truth
+    verdict = _math_verify_equal(answer, truth)
+    if verdict is None:
+        verdict = is_equiv(answer, truth)
+    return 1.0 if verdict else 0.0
