@@ -213,3 +213,47 @@ def test_reward_model_worker_scores_last_token(tiny, tmp_path):
         with torch.no_grad():
             expected = float(model(input_ids=valid.unsqueeze(0)).logits[0, 0])
         assert scores[i, n - 1].item() == pytest.approx(expected, abs=1e-5)
+
+
+def test_cpu_bf16_autocast_runs_and_reports_the_mismatch(tiny):
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    path, tok, plain = tiny
+    cfg = make_config(path, **{"actor_rollout_ref.actor.fsdp_config.cpu_autocast_bf16": True})
+    worker = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor_rollout")
+    worker.init_model()
+    assert worker.compute_dtype is torch.bfloat16
+    out = worker.generate_sequences(prompt_batch(tok))
+    batch = DataProto.from_dict(tensors=dict(out.batch.items()))
+    old = worker.compute_log_prob(batch)
+    metrics = old.meta_info["metrics"]
+    # rollout (KV-cached decoding) and learner (full forward) both in bf16: close, not identical
+    assert 0 <= metrics["rollout_mismatch/kl_k3"] < 1e-2
+    fp32 = reference_log_probs(plain, {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")})
+    mask = batch.batch["response_mask"].bool()
+    assert (old.batch["old_log_probs"] - fp32)[mask].abs().mean() < 0.1
+    assert all(p.dtype == torch.float32 for p in worker.actor_module.parameters())  # fp32 master weights
+
+
+def test_gradient_checkpointing_gives_the_same_update(tiny):
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    path, tok, _ = tiny
+    results = []
+    for flag in (False, True):
+        cfg = make_config(path, **{"actor_rollout_ref.model.enable_gradient_checkpointing": flag})
+        worker = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor")
+        worker.init_model()
+        layer = worker.actor_module.model.layers[0]
+        assert getattr(layer, "gradient_checkpointing", False) == flag
+        from test_workers_common import RESPONSES, make_batch
+
+        tensors = make_batch(tok, PROMPTS, RESPONSES, prompt_len=8, resp_len=6)
+        batch = DataProto.from_dict(tensors=tensors, non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)})
+        _grpo_like_advantages(batch)
+        batch.meta_info["use_current_as_old_log_prob"] = True
+        metrics = worker.update_actor(batch).meta_info["metrics"]
+        results.append((metrics["actor/grad_norm"][0], [p.detach().clone() for p in worker.actor_module.parameters()]))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)

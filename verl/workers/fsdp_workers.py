@@ -163,7 +163,11 @@ def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, d
         trust_remote_code=model_config.trust_remote_code,
     )
     if train and model_config.enable_gradient_checkpointing:
-        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers >= 5.2x renamed the switch and its kwargs; older versions have the old name
+        if hasattr(module, "activation_checkpointing_enable"):
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if device_name == "cuda":
         module.to(torch.device("cuda", torch.cuda.current_device()))
     if not train:
