@@ -135,10 +135,11 @@ class TaskRunner:
             resource_pool_manager=resource_pool_manager, ray_worker_group_cls=RayWorkerGroup,
             reward_fn=reward_fn, val_reward_fn=val_reward_fn, device_name=device,
         )
-        trainer.init_workers()
         try:
+            trainer.init_workers()
             return trainer.fit()
         finally:
+            trainer.shutdown()
             for fn in (reward_fn, val_reward_fn):
                 close = getattr(fn, "close", None)
                 if close:

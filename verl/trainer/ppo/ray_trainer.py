@@ -31,6 +31,7 @@ import os
 import random
 import resource
 import time
+import uuid
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -99,12 +100,19 @@ class ResourcePoolManager:
     def create_resource_pool(self) -> None:
         from verl.single_controller.ray import RayResourcePool
 
+        run_id = uuid.uuid4().hex[:6]  # placement-group names are cluster-wide: one Ray may host several runs
         for name, process_on_nodes in self.resource_pool_spec.items():
             # one worker group per slot: colocated roles share one process (create_colocated_worker_cls)
             self.resource_pool_dict[name] = RayResourcePool(
                 process_on_nodes=list(process_on_nodes), use_gpu=self.use_gpu, max_colocate_count=1,
-                name_prefix=name, num_cpus_per_worker=self.num_cpus_per_worker,
+                name_prefix=f"{name}_{run_id}_", num_cpus_per_worker=self.num_cpus_per_worker,
             )
+
+    def release(self) -> None:
+        """Give every pool's reservation back to Ray (its actors are killed)."""
+        for pool in self.resource_pool_dict.values():
+            pool.release()
+        self.resource_pool_dict.clear()
 
     def get_resource_pool(self, role: Role):
         return self.resource_pool_dict[self.mapping[role]]
@@ -400,6 +408,7 @@ class RayPPOTrainer:
             add(Role.RewardModel, "rm", config=self.config.reward_model)
 
         all_wg: dict[str, Any] = {}
+        self._worker_groups = []
         # the controller forwards the driver's VERL_* variables to the workers it creates
         with _env_override(self._worker_env()):
             for pool, class_dict in pool_to_cls.items():
@@ -410,6 +419,7 @@ class RayPPOTrainer:
                     resource_pool=pool, ray_cls_with_init=worker_dict_cls,
                     num_threads_per_worker=self.cfg.trainer.torch_threads_per_worker,
                 )
+                self._worker_groups.append(wg_dict)
                 all_wg.update(wg_dict.spawn(prefix_set=class_dict.keys()))
 
         if self.use_critic:
@@ -424,6 +434,14 @@ class RayPPOTrainer:
         # the actor last: a GPU rollout engine sizes its cache from the memory left
         self.actor_rollout_wg = all_wg["actor_rollout"]
         self.actor_rollout_wg.init_model()
+
+    def shutdown(self) -> None:
+        """Stop the worker processes and free their Ray resources (a Ray session can then host
+        another run, e.g. in tests or a notebook)."""
+        for wg in getattr(self, "_worker_groups", []):
+            wg.kill_workers()
+        self._worker_groups = []
+        self.resource_pool_manager.release()
 
     def _worker_env(self) -> dict[str, str]:
         """Environment of every worker process: the device, and every user module (so custom
