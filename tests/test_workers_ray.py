@@ -131,3 +131,15 @@ def test_world_size_2_critic_matches_single_process(setup):
     assert m2["critic/grad_norm"][0] > 0.05
     # the clipped step landed identically
     torch.testing.assert_close(critic.compute_values(batch).batch["values"], single.compute_values(batch).batch["values"], atol=1e-5, rtol=0)
+
+
+def test_world_size_2_non_finite_loss_on_one_rank_is_skipped_everywhere(setup):
+    path, tok, _, cfg, groups = setup
+    actor = groups["actor_rollout"]
+    batch = _train_batch(tok)
+    batch.batch["old_log_probs"] = actor.compute_log_prob(batch).batch["old_log_probs"]
+    batch.batch["advantages"][6, 0] = float("nan")  # row 6 lives on rank 1 only
+    metrics = actor.update_actor(batch).meta_info["metrics"]  # must not hang: both ranks skip together
+    assert metrics["actor/nonfinite_loss_skipped"] == [1.0, 1.0]  # one entry per rank, same count
+    lp = actor.compute_log_prob(batch).batch["old_log_probs"]
+    assert torch.isfinite(lp).all()
