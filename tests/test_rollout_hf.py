@@ -188,3 +188,22 @@ def test_vllm_rollout_skips_without_vllm():
     cls = get_rollout_class("vllm")
     with pytest.raises((ImportError, RuntimeError), match="vllm|CUDA"):
         cls(model_path="/nonexistent", config=RolloutConfig())
+
+
+def test_meta_seed_makes_sampling_reproducible_and_dropping_rows_is_exact(tiny):
+    _, tok, model = tiny
+    ro = _rollout(model)
+    a = ro.generate_sequences(_prompts(tok, PROMPTS * 4, seed=5))
+    b = ro.generate_sequences(_prompts(tok, PROMPTS * 4, seed=5))
+    c = ro.generate_sequences(_prompts(tok, PROMPTS * 4, seed=6))
+    assert torch.equal(a.batch["responses"], b.batch["responses"])
+    assert not torch.equal(a.batch["responses"], c.batch["responses"])
+    # rows finished early (so finished rows were dropped from the decoding batch) ...
+    lengths = a.batch["response_mask"].sum(-1)
+    assert (lengths <= 6).sum() >= 8
+    # ... and every row is still exactly what decoding it alone gives
+    for i in (0, 5, 17, 30):
+        one = _prompts(tok, [(PROMPTS * 4)[i]])
+        single = _rollout(model, do_sample=False).generate_sequences(one).batch["responses"][0]
+        full = _rollout(model, do_sample=False).generate_sequences(_prompts(tok, PROMPTS * 4)).batch["responses"][i]
+        assert torch.equal(single, full)

@@ -15,7 +15,9 @@ The engine runs its own decoding loop on `model(...)` with a `DynamicCache` rath
 
 Sampling: temperature, top-k (-1 = off), top-p (1.0 = off), or greedy (`do_sample=False`).
 Validation (`meta_info["validate"]`) uses `rollout.val_kwargs`. Randomness comes from torch's
-global generator (seeded by the worker, saved in checkpoints).
+global generator (seeded per rank by the worker, saved in checkpoints), or from a generator seeded
+with `meta_info["seed"]` when the caller gives one. Rows that have finished are dropped from the
+decoding batch (and their KV cache) once a quarter of the batch is done.
 """
 
 from __future__ import annotations
@@ -129,6 +131,10 @@ class HFRollout(BaseRollout):
         position_ids = prompts.batch["position_ids"]
         n = input_ids.shape[0]
         chunk = self.config.micro_batch_size or n
+        generator = None
+        if meta.get("seed") is not None:
+            # reproducible sampling for this call, independent of the global RNG stream
+            generator = torch.Generator(device=self._device).manual_seed(int(meta["seed"]))
         tokens, log_probs = [], []
         was_training = self.module.training
         self.module.eval()
@@ -136,7 +142,7 @@ class HFRollout(BaseRollout):
             with full_parameters(self.module):
                 for start in range(0, n, chunk):
                     sl = slice(start, start + chunk)
-                    t, lp = self._generate_chunk(input_ids[sl], attention_mask[sl], position_ids[sl], resp_len, params, eos_ids, int(pad_id))
+                    t, lp = self._generate_chunk(input_ids[sl], attention_mask[sl], position_ids[sl], resp_len, params, eos_ids, int(pad_id), generator)
                     tokens.append(t)
                     log_probs.append(lp)
         finally:
@@ -163,7 +169,7 @@ class HFRollout(BaseRollout):
         out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
         return out.logits[:, -1, :].float(), self._out_cache(out)
 
-    def _generate_chunk(self, input_ids, attention_mask, position_ids, resp_len: int, params: dict, eos_ids: list[int], pad_id: int):
+    def _generate_chunk(self, input_ids, attention_mask, position_ids, resp_len: int, params: dict, eos_ids: list[int], pad_id: int, generator=None):
         device = self._device
         input_ids = input_ids.to(device)
         attention_mask = attention_mask.to(device)
@@ -174,6 +180,8 @@ class HFRollout(BaseRollout):
         eos = torch.tensor(eos_ids, device=device, dtype=torch.long) if eos_ids and not self.config.ignore_eos else None
         tokens = torch.full((b, resp_len), pad_id, dtype=torch.long, device=device)
         lps = torch.zeros((b, resp_len), dtype=torch.float32, device=device)
+        # rows still in the decoding batch (indices into the chunk) and which of them are done
+        active = torch.arange(b, device=device)
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         mask = attention_mask
         last_pos = position_ids[:, -1]
@@ -187,10 +195,10 @@ class HFRollout(BaseRollout):
                     tok = logits.argmax(dim=-1)
                 else:
                     filtered = filter_logits_top_k_top_p(scaled, params["top_k"], params["top_p"])
-                    tok = torch.multinomial(torch.softmax(filtered, dim=-1), num_samples=1).squeeze(-1)
+                    tok = torch.multinomial(torch.softmax(filtered, dim=-1), num_samples=1, generator=generator).squeeze(-1)
                 tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
-                tokens[:, t] = tok
-                lps[:, t] = torch.where(finished, torch.zeros((), device=device), logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1))
+                tokens[active, t] = tok
+                lps[active, t] = torch.where(finished, torch.zeros((), device=device), logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1))
                 alive = ~finished
                 if eos is not None:
                     finished = finished | torch.isin(tok, eos)
@@ -199,6 +207,12 @@ class HFRollout(BaseRollout):
                 # the token just generated is attended to if it was generated while alive (EOS too)
                 mask = torch.cat([mask, alive.to(mask.dtype).unsqueeze(1)], dim=1)
                 last_pos = last_pos + 1
+                n_done = int(finished.sum())
+                if n_done and n_done * 4 >= finished.numel():
+                    # drop finished rows once a quarter of the batch is done: later steps cost less
+                    keep = (~finished).nonzero().squeeze(1)
+                    cache.batch_select_indices(keep)
+                    mask, last_pos, tok, active, finished = mask[keep], last_pos[keep], tok[keep], active[keep], finished[keep]
                 out = self.module(
                     input_ids=tok.unsqueeze(1), attention_mask=mask, position_ids=last_pos.unsqueeze(1), use_cache=True, **{cache_kw: cache}
                 )
