@@ -225,9 +225,11 @@ def test_custom_policy_loss_from_a_user_file_runs_in_the_workers(ray_session, as
         "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.actor.policy_loss.loss_mode=e2e_marker_loss",
         f"trainer.external_modules=[{loss_file}]",
-        "trainer.total_training_steps=1",
+        "trainer.total_training_steps=5",
+        "trainer.time_budget_s=1e-9",  # spent before step 1 starts: step 1 is the last one
         "trainer.val_before_train=False",
     )
+    assert sorted(m) == [1] and "val-core/e2e_toy/reward/mean@1" in m[1]
     pids = {int(p) for p in marker.read_text().split()}
     assert pids and os.getpid() not in pids  # called inside the worker process, selected by name
     assert finite(m[1]["actor/pg_loss"])

@@ -21,6 +21,8 @@ class TrainerConfig(BaseConfig):
       `cpus_per_worker` Ray CPUs (null: the node's CPUs shared out) and
       `torch_threads_per_worker` torch threads (null: its CPU share rounded, at least 1).
     - `total_training_steps`: null means `total_epochs` passes over the training data.
+    - `time_budget_s`: stop after this many seconds of training (the step that starts after the
+      budget is spent is the last one: validated and checkpointed as usual); null: no limit.
     - `test_freq` / `save_freq`: every that many steps (and at the last step); <= 0 disables.
     - `resume_mode`: `auto` continues from the newest complete checkpoint in
       `default_local_dir` if there is one; `disable` starts fresh; `resume_path` loads
@@ -60,6 +62,7 @@ class TrainerConfig(BaseConfig):
     torch_threads_per_worker: int | None = None
     total_epochs: int = 1
     total_training_steps: int | None = None
+    time_budget_s: float | None = None
     project_name: str = "verl"
     experiment_name: str = "default"
     logger: list[str] = field(default_factory=lambda: ["console", "file"])
@@ -95,6 +98,7 @@ class TrainerConfig(BaseConfig):
         check_range(owner, "torch_threads_per_worker", self.torch_threads_per_worker, low=1, allow_none=True)
         check_range(owner, "total_epochs", self.total_epochs, low=1)
         check_range(owner, "total_training_steps", self.total_training_steps, low=1, allow_none=True)
+        check_range(owner, "time_budget_s", self.time_budget_s, low=0.0, low_open=True, allow_none=True)
         check_range(owner, "critic_warmup", self.critic_warmup, low=0)
         check_range(owner, "peak_flops_per_worker", self.peak_flops_per_worker, low=0.0, low_open=True, allow_none=True)
         check_range(owner, "log_val_generations", self.log_val_generations, low=0)

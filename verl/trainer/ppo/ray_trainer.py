@@ -689,9 +689,13 @@ class RayPPOTrainer:
         bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training",
                    disable="console" not in tr.logger, dynamic_ncols=True)
         prompts = self._prompt_stream()
+        t_start = time.monotonic()
+        budget = tr.time_budget_s
         while self.global_steps < self.total_training_steps:
             self.global_steps += 1
-            is_last = self.global_steps >= self.total_training_steps
+            # the step that starts after the time budget is spent is the last one (validated, saved)
+            is_last = self.global_steps >= self.total_training_steps or (
+                budget is not None and time.monotonic() - t_start >= budget)
             metrics: dict[str, Any] = {}
             timing_raw: dict[str, float] = {}
             try:
@@ -724,6 +728,7 @@ class RayPPOTrainer:
                 metrics["training/global_step"] = self.global_steps
                 metrics["training/epoch"] = self.epoch
                 metrics["perf/driver_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+                metrics["perf/elapsed_s"] = time.monotonic() - t_start
                 self._dump_rollouts(batch)
                 for cb in self.callbacks:
                     cb.on_step_end(self, metrics)
