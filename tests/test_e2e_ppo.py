@@ -276,3 +276,30 @@ def test_bad_data_row_names_the_file_and_row(ray_session, assets, tmp_path):
     with pytest.raises(Exception, match=r"bad\.jsonl.*row 5") as info:
         run_ppo(cfg)
     assert "prompt" in str(info.value)
+
+
+ALGORITHMS = {
+    "rloo": ["algorithm.adv_estimator=rloo"],
+    "dr_grpo": ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False",
+                "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"],
+    "lite_ppo": ["algorithm.adv_estimator=norm", "algorithm.adv_norm={mean_level: group, std_level: batch}"],
+    "grpo_passk": ["algorithm.adv_estimator=grpo_passk"],
+    "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus", "algorithm.use_kl_in_reward=True"],
+    "reinforce_plus_plus_baseline": ["algorithm.adv_estimator=reinforce_plus_plus_baseline"],
+    "remax": ["algorithm.adv_estimator=remax"],
+    "opo": ["algorithm.adv_estimator=opo"],
+    "gpg": ["algorithm.adv_estimator=gpg", "actor_rollout_ref.actor.policy_loss.loss_mode=gpg"],
+    "sapo": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=sapo"],
+    "cispo": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=cispo"],
+    "grpo_tis": ["algorithm.adv_estimator=grpo", "algorithm.rollout_correction.rollout_is=token",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_runs_a_step(ray_session, assets, tmp_path, name):
+    _, m = run(assets, tmp_path, *ALGORITHMS[name], "trainer.total_training_steps=1", "trainer.test_freq=-1",
+               "trainer.val_before_train=False")
+    s = m[1]
+    assert finite(s["actor/pg_loss"]) and finite(s["actor/grad_norm"]), s
+    assert finite(s["critic/advantages/mean"])
