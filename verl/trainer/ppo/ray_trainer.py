@@ -689,13 +689,15 @@ class RayPPOTrainer:
         bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training",
                    disable="console" not in tr.logger, dynamic_ncols=True)
         prompts = self._prompt_stream()
-        t_start = time.monotonic()
+        self._t_start = time.monotonic()
+        # a resumed run's current step was saved (and validated) by the run that wrote the checkpoint
+        self._validated_step = self._saved_step = self.global_steps if self.global_steps > 0 else None
         budget = tr.time_budget_s
         while self.global_steps < self.total_training_steps:
             self.global_steps += 1
             # the step that starts after the time budget is spent is the last one (validated, saved)
             is_last = self.global_steps >= self.total_training_steps or (
-                budget is not None and time.monotonic() - t_start >= budget)
+                budget is not None and time.monotonic() - self._t_start >= budget)
             metrics: dict[str, Any] = {}
             timing_raw: dict[str, float] = {}
             try:
@@ -706,43 +708,58 @@ class RayPPOTrainer:
             except _EndOfData:
                 self.global_steps -= 1
                 logger.warning("training data exhausted after %d steps", self.global_steps)
-                is_last = True
-                batch = None
-            if batch is None and not is_last:
+                break
+            if batch is None:
                 logger.warning("step %d: no group with reward variance; the update was skipped", self.global_steps)
                 metrics["train/skipped_step"] = 1
-
-            if batch is not None:
-                if self._due(tr.test_freq, is_last) and self.val_reward_fn is not None:
-                    with _timer("testing", timing_raw):
-                        last_val = self._validate()
-                    metrics.update(last_val)
-                metrics.update(compute_data_metrics(batch, use_critic=self.use_critic,
-                                                    max_response_length=self.cfg.data.max_response_length,
-                                                    max_prompt_length=self.cfg.data.max_prompt_length))
-                metrics.update(compute_timing_metrics(batch, timing_raw))
-                metrics.update(compute_throughout_metrics(batch, timing_raw, n_gpus=self.resource_pool_manager.get_n_gpus()))
-                metrics.update(compute_mfu_metrics(
-                    batch, timing_raw, self._n_params, self._peak_flops, self.resource_pool_manager.get_n_gpus(),
-                    actor_epochs=self.cfg.actor.ppo_epochs, critic_epochs=self.cfg.critic.ppo_epochs))
-                metrics["training/global_step"] = self.global_steps
-                metrics["training/epoch"] = self.epoch
-                metrics["perf/driver_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-                metrics["perf/elapsed_s"] = time.monotonic() - t_start
-                self._dump_rollouts(batch)
-                for cb in self.callbacks:
-                    cb.on_step_end(self, metrics)
-                if self._due(tr.save_freq, is_last):
-                    with _timer("save_checkpoint", timing_raw):
-                        self._save_checkpoint()
-                    metrics["timing_s/save_checkpoint"] = timing_raw["save_checkpoint"]
-                self.tracking.log(metrics, step=self.global_steps)
+            last_val = self._end_of_step(batch, metrics, timing_raw, is_last) or last_val
             bar.update(1)
             if is_last:
                 break
         bar.close()
+        # a run that ended early (data exhausted, skipped last step) still ends validated and saved
+        if tr.test_freq > 0 and self.val_reward_fn is not None and self._validated_step != self.global_steps and self.global_steps > 0:
+            last_val = self._validate()
+            self.tracking.log(last_val, step=self.global_steps)
+        if tr.save_freq > 0 and self._saved_step != self.global_steps and self.global_steps > 0:
+            self._save_checkpoint()
         self._finish()
         return last_val
+
+    def _end_of_step(self, batch: DataProto | None, metrics: dict, timing_raw: dict, is_last: bool) -> dict | None:
+        """Validation, metrics, rollout dump, checkpoint and logging of the step just trained
+        (`batch` is None for a skipped step). Returns the validation metrics when it validated."""
+        tr = self.cfg.trainer
+        val = None
+        if batch is not None and self._due(tr.test_freq, is_last) and self.val_reward_fn is not None:
+            with _timer("testing", timing_raw):
+                val = self._validate()
+            self._validated_step = self.global_steps
+            metrics.update(val)
+        if batch is not None:
+            metrics.update(compute_data_metrics(batch, use_critic=self.use_critic,
+                                                max_response_length=self.cfg.data.max_response_length,
+                                                max_prompt_length=self.cfg.data.max_prompt_length))
+            metrics.update(compute_timing_metrics(batch, timing_raw))
+            n_workers = self.resource_pool_manager.get_n_gpus()
+            metrics.update(compute_throughout_metrics(batch, timing_raw, n_gpus=n_workers))
+            metrics.update(compute_mfu_metrics(batch, timing_raw, self._n_params, self._peak_flops, n_workers,
+                                               actor_epochs=self.cfg.actor.ppo_epochs, critic_epochs=self.cfg.critic.ppo_epochs))
+            self._dump_rollouts(batch)
+        else:
+            metrics.update({f"timing_s/{k}": v for k, v in timing_raw.items()})
+        metrics["training/global_step"] = self.global_steps
+        metrics["training/epoch"] = self.epoch
+        metrics["perf/driver_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+        metrics["perf/elapsed_s"] = time.monotonic() - self._t_start
+        for cb in self.callbacks:
+            cb.on_step_end(self, metrics)
+        if self._due(tr.save_freq, is_last):
+            with _timer("save_checkpoint", timing_raw):
+                self._save_checkpoint()
+            metrics["timing_s/save_checkpoint"] = timing_raw["save_checkpoint"]
+        self.tracking.log(metrics, step=self.global_steps)
+        return val
 
     def train_step(self, batch: DataProto, timing_raw: dict, metrics: dict) -> DataProto:
         """Steps 5-7 of the loop on a scored batch (modifies and returns `batch`)."""
@@ -920,6 +937,7 @@ class RayPPOTrainer:
 
         path = save_checkpoint_atomically(root, self.global_steps, write)
         prune_checkpoints(root, tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep)
+        self._saved_step = self.global_steps
         return path
 
     def _load_checkpoint(self) -> int:
