@@ -303,3 +303,31 @@ def test_every_algorithm_runs_a_step(ray_session, assets, tmp_path, name):
     s = m[1]
     assert finite(s["actor/pg_loss"]) and finite(s["actor/grad_norm"]), s
     assert finite(s["critic/advantages/mean"])
+
+
+def test_reward_model_worker_scores_the_responses(ray_session, assets, tmp_path):
+    from transformers import AutoTokenizer
+
+    from verl.utils.model import build_reward_model
+
+    rm_dir = str(tmp_path / "rm")
+    build_reward_model(assets["model"]).save_pretrained(rm_dir)
+    AutoTokenizer.from_pretrained(assets["model"]).save_pretrained(rm_dir)
+    _, m = run(
+        assets, tmp_path,
+        "algorithm.adv_estimator=grpo",
+        "reward_model.enable=True",
+        f"reward_model.model.path={rm_dir}",
+        "reward_model.micro_batch_size_per_gpu=4",
+        f"trainer.rollout_data_dir={tmp_path}/rollouts",
+        "trainer.total_training_steps=1",
+        "actor_rollout_ref.rollout.val_kwargs.n=2",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    )
+    rows = [json.loads(line) for line in (tmp_path / "rollouts" / "1.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and {"input", "output", "score", "ground_truth"} <= set(rows[0])
+    rule = [sum(c.isdigit() for c in r["output"]) / 6 for r in rows]
+    assert any(abs(r["score"] - x) > 1e-6 for r, x in zip(rows, rule))  # the reward model's scores, not the rule's
+    # validation with n=2 samples per prompt: best@2 and maj@2 (vote over the response texts)
+    assert {"val-core/e2e_toy/reward/mean@2", "val-core/e2e_toy/reward/best@2/mean", "val-core/e2e_toy/reward/maj@2/mean"} <= set(m[1])

@@ -873,6 +873,10 @@ class RayPPOTrainer:
             rows = self._decode_rows(batch)
             all_rows.extend(rows)
             samples.extend((r["input"], r["output"], r["score"]) for r in rows)
+            if "pred" not in extra:
+                # majority vote (maj@n) needs each response's answer; without a `pred` from the scorer,
+                # the whitespace-stripped response text is the answer
+                infos["pred"].extend(r["output"].strip() for r in rows)
 
         tr = self.cfg.trainer
         if tr.log_val_generations and samples:
