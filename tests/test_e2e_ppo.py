@@ -197,10 +197,28 @@ def test_dapo_filter_groups_and_overlong_penalty(ray_session, assets, tmp_path):
     assert m[2]["val-aux/e2e_toy/overlong_reward/mean@1"] <= 0
 
 
-def test_gspo_with_the_shipped_scorer(ray_session, assets, tmp_path):
+CALLBACK = '''
+import json
+
+from verl.trainer.ppo.ray_trainer import TrainerCallback
+
+
+class RecordSteps(TrainerCallback):
+    def on_advantages(self, trainer, batch, metrics):
+        metrics["callback/adv_rows"] = len(batch)
+
+    def on_step_end(self, trainer, metrics):
+        with open({path!r}, "a") as fh:
+            fh.write(json.dumps({{"step": trainer.global_steps, "has_adv_rows": "callback/adv_rows" in metrics}}) + "\\n")
+'''
+
+
+def test_gspo_with_the_shipped_scorer_and_a_callback(ray_session, assets, tmp_path):
     # the default scorer of the embedded toy task grades "a+b" prompts of data_source verl_toy/addition
     from verl.utils.dataset.toy_tasks import ADDITION_DATA_SOURCE
 
+    cb_file = tmp_path / "cb.py"
+    cb_file.write_text(CALLBACK.format(path=str(tmp_path / "steps.jsonl")))
     train = write_parquet(rl_rows(8, "train", data_source=ADDITION_DATA_SOURCE), str(tmp_path / "train.parquet"))
     val = write_parquet(rl_rows(4, "test", data_source=ADDITION_DATA_SOURCE, seed=5), str(tmp_path / "val.parquet"))
     _, m = run(
@@ -211,8 +229,12 @@ def test_gspo_with_the_shipped_scorer(ray_session, assets, tmp_path):
         "custom_reward_function.path=null",
         f"data.train_files={train}",
         f"data.val_files={val}",
+        f"trainer.callbacks=[{cb_file}:RecordSteps]",
     )
     assert finite(m[2]["actor/pg_loss"]) and finite(m[2]["critic/score/mean"])
+    assert m[2]["callback/adv_rows"] == 8
+    seen = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert seen == [{"step": 1, "has_adv_rows": True}, {"step": 2, "has_adv_rows": True}]
     assert f"val-core/{ADDITION_DATA_SOURCE}/reward/mean@1" in m[2]
 
 
