@@ -353,3 +353,17 @@ def test_reward_model_worker_scores_the_responses(ray_session, assets, tmp_path)
     assert any(abs(r["score"] - x) > 1e-6 for r, x in zip(rows, rule))  # the reward model's scores, not the rule's
     # validation with n=2 samples per prompt: best@2 and maj@2 (vote over the response texts)
     assert {"val-core/e2e_toy/reward/mean@2", "val-core/e2e_toy/reward/best@2/mean", "val-core/e2e_toy/reward/maj@2/mean"} <= set(m[1])
+
+
+def test_two_data_parallel_workers(ray_session, assets, tmp_path):
+    # 4 prompts x 2 responses split over 2 worker processes (FSDP over gloo); validation pads 4 prompts
+    _, m = run(
+        assets, tmp_path,
+        "algorithm.adv_estimator=grpo",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "trainer.total_training_steps=1",
+        "trainer.balance_batch=True",
+    )
+    assert finite(m[1]["actor/pg_loss"]) and "val-core/e2e_toy/reward/mean@1" in m[1]
+    assert m[1]["perf/throughput"] == pytest.approx(m[1]["perf/total_num_tokens"] / (2 * m[1]["perf/time_per_step"]))
