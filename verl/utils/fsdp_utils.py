@@ -47,6 +47,7 @@ __all__ = [
     "resolve_compute_dtype",
     "autocast_context",
     "get_wrap_layer_classes",
+    "cpu_has_fast_bf16",
 ]
 
 logger = logging.getLogger(__name__)
@@ -357,6 +358,20 @@ def resolve_compute_dtype(fsdp_config, device_type: str) -> torch.dtype | None:
     else:
         dtype = torch_dtype_from_name(param_dtype) or torch.float32
     return None if dtype == torch.float32 else dtype
+
+
+def cpu_has_fast_bf16() -> bool | None:
+    """Whether this CPU has bf16 matrix instructions (AMX or AVX512-BF16); None when unknown.
+
+    Without them torch emulates bf16 matmuls, measured ~100x slower than fp32 (AMD EPYC without
+    avx512_bf16: 0.6 vs 60 GFLOP/s on one thread), so `cpu_autocast_bf16` only pays off with them.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return None
+    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def autocast_context(device_type: str, dtype: torch.dtype | None):

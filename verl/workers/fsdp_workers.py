@@ -42,6 +42,7 @@ from verl.utils.fsdp_utils import (
     apply_fsdp2,
     build_lr_scheduler,
     build_optimizer,
+    cpu_has_fast_bf16,
     create_device_mesh,
     get_full_state_dict,
     load_fsdp_model_to_gpu,
@@ -238,6 +239,11 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         pad_id = self.tokenizer.pad_token_id
         fsdp_cfg = self.actor_config.fsdp_config
         self.compute_dtype = resolve_compute_dtype(fsdp_cfg, self.device_name)
+        if self.device_name == "cpu" and self.compute_dtype == torch.bfloat16 and cpu_has_fast_bf16() is False:
+            logger.warning(
+                "fsdp_config.cpu_autocast_bf16=True but this CPU has no AMX/AVX512-BF16: bf16 matrix products are "
+                "emulated and much slower than fp32 here"
+            )
 
         if self._is_actor:
             self.actor_module = _build_fsdp_model(build_causal_lm, path, self.model_config, fsdp_cfg, self.device_name, self.world_size, train=True)
