@@ -4,7 +4,7 @@
 
 * model: a ~1M-parameter `LlamaForCausalLM` with its own byte-level tokenizer and chat template,
   warmed up by a short SFT (`scripts/build_embedded_default.py`) on an imperfect teacher who drops the
-  carry in 60% of the additions it demonstrates;
+  carry in 70% of the additions it demonstrates;
 * data: `verl_toy/addition` prompts like ``"47+85"`` (two-digit operands) with the sum as ground
   truth, scored by `verl.utils.reward_score.verl_toy`.
 

@@ -34,6 +34,7 @@ __all__ = [
     "fsdp_modules",
     "full_parameters",
     "clip_grad_norm_",
+    "fsdp2_clip_grad_norm_",
     "get_full_state_dict",
     "load_full_state_dict",
     "get_full_optimizer_state_dict",
@@ -185,6 +186,16 @@ def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float | None) 
     if max_norm is not None and max_norm > 0 and torch.isfinite(total):
         # takes the parameters (it scales their .grad in place)
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=None)
+    return total
+
+
+def fsdp2_clip_grad_norm_(parameters, max_norm, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach=None):
+    """Upstream name of `clip_grad_norm_` (L2 norm only)."""
+    if norm_type != 2.0:
+        raise ValueError(f"fsdp2_clip_grad_norm_: only norm_type=2.0 is supported, got {norm_type}")
+    total = clip_grad_norm_(parameters, max_norm)
+    if error_if_nonfinite and not torch.isfinite(total):
+        raise RuntimeError(f"the total gradient norm is {float(total)}")
     return total
 
 

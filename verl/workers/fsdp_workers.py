@@ -360,8 +360,10 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         """
         if self.rollout is None:
             raise RuntimeError(f"generate_sequences needs a rollout role; this worker's role is {self.role!r}")
-        prompts.meta_info.setdefault("eos_token_id", self._eos_ids())
-        prompts.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)
+        meta = dict(prompts.meta_info)
+        meta.setdefault("eos_token_id", self._eos_ids())
+        meta.setdefault("pad_token_id", self.tokenizer.pad_token_id)
+        prompts = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch, meta_info=meta)
         if self.actor_module is not None:
             self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
         sync_metrics = self._sync_rollout_weights()
@@ -383,11 +385,13 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
         return eos if eos is not None else self.tokenizer.eos_token_id
 
-    def _log_prob_meta(self, data: DataProto, micro, use_dynamic, max_token_len) -> None:
-        data.meta_info["micro_batch_size"] = micro
-        data.meta_info["use_dynamic_bsz"] = use_dynamic
-        data.meta_info["max_token_len"] = max_token_len
-        data.meta_info.setdefault("temperature", self.rollout_config.temperature)
+    def _log_prob_meta(self, data: DataProto, micro, use_dynamic, max_token_len) -> DataProto:
+        """A view of `data` with the micro-batching of a log-prob pass in its own meta_info (the
+        caller's DataProto is not modified)."""
+        meta = dict(data.meta_info)
+        meta.update(micro_batch_size=micro, use_dynamic_bsz=use_dynamic, max_token_len=max_token_len)
+        meta.setdefault("temperature", self.rollout_config.temperature)
+        return DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -395,7 +399,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob needs the actor role; this worker's role is {self.role!r}")
         rc = self.rollout_config
-        self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
+        data = self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
         self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
         log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
         self._offload(self.actor_module, None, self.actor_config.fsdp_config)
@@ -415,7 +419,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         if self.ref_policy is None:
             raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
         rc = self.ref_config
-        self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
+        data = self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
         log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
@@ -427,7 +431,9 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         """
         if self.actor is None:
             raise RuntimeError(f"update_actor needs the actor role; this worker's role is {self.role!r}")
-        data.meta_info.setdefault("temperature", self.rollout_config.temperature)
+        meta = dict(data.meta_info)
+        meta.setdefault("temperature", self.rollout_config.temperature)
+        data = DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta)
         self._load_to_device(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
         start = time.perf_counter()
         metrics = self.actor.update_policy(data)
@@ -522,9 +528,13 @@ class CriticWorker(Worker, _OffloadMixin):
     def compute_values(self, data: DataProto) -> DataProto:
         """`values` [b, R]: V(s) before each response token (0 on padding)."""
         cfg = self.config
-        data.meta_info["micro_batch_size"] = cfg.forward_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu
-        data.meta_info["use_dynamic_bsz"] = cfg.use_dynamic_bsz
-        data.meta_info["max_token_len"] = cfg.forward_max_token_len_per_gpu
+        meta = dict(data.meta_info)
+        meta.update(
+            micro_batch_size=cfg.forward_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu,
+            use_dynamic_bsz=cfg.use_dynamic_bsz,
+            max_token_len=cfg.forward_max_token_len_per_gpu,
+        )
+        data = DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta)
         self._load_to_device(self.critic_module, None, cfg.fsdp_config)
         values = self.critic.compute_values(data)
         self._offload(self.critic_module, None, cfg.fsdp_config)

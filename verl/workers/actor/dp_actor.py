@@ -302,8 +302,7 @@ class DataParallelPPOActor(BasePPOActor):
         `advantages`, `old_log_probs` (unless `meta_info["use_current_as_old_log_prob"]`),
         `ref_log_prob` (with `use_kl_loss`), optional `rollout_log_probs`, `rollout_is_weights`.
         non_tensor_batch: `uid` (needed by `prompt-mean`).
-        meta_info: `temperature`; `micro_batch_size` / `use_dynamic_bsz` + `max_token_len`
-        (default: the config's ppo_* values); `use_current_as_old_log_prob` (valid only with one
+        meta_info: `temperature`; `use_current_as_old_log_prob` (valid only with one
         mini-batch and one epoch: the detached current log-prob is the old one, ratio exactly 1);
         `rollout_correction` (the `algorithm.rollout_correction` config: rollout IS weights /
         rejection are computed here from `old_log_probs` and `rollout_log_probs`, unless the batch
@@ -321,9 +320,11 @@ class DataParallelPPOActor(BasePPOActor):
         temperature = float(meta.get("temperature", 1.0))
         use_current = bool(meta.get("use_current_as_old_log_prob", False))
         rc_config = meta.get("rollout_correction")
-        micro_batch_size = meta.get("micro_batch_size", cfg.ppo_micro_batch_size_per_gpu)
-        use_dynamic_bsz = bool(meta.get("use_dynamic_bsz", cfg.use_dynamic_bsz))
-        max_token_len = meta.get("max_token_len", cfg.ppo_max_token_len_per_gpu)
+        # micro-batching of the update comes from the config only (meta_info's micro-batch keys
+        # belong to the log-prob passes)
+        micro_batch_size = cfg.ppo_micro_batch_size_per_gpu
+        use_dynamic_bsz = bool(cfg.use_dynamic_bsz)
+        max_token_len = cfg.ppo_max_token_len_per_gpu
         if not use_dynamic_bsz and micro_batch_size is None:
             raise ValueError("actor.ppo_micro_batch_size_per_gpu is null and use_dynamic_bsz is False: set one of them")
 

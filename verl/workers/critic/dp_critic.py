@@ -124,10 +124,9 @@ class DataParallelPPOCritic(BasePPOCritic):
         `critic/grad_norm`, `critic/lr`.
         """
         cfg = self.config
-        meta = data.meta_info
-        micro_batch_size = meta.get("micro_batch_size", cfg.ppo_micro_batch_size_per_gpu)
-        use_dynamic_bsz = bool(meta.get("use_dynamic_bsz", cfg.use_dynamic_bsz))
-        max_token_len = meta.get("max_token_len", cfg.ppo_max_token_len_per_gpu)
+        micro_batch_size = cfg.ppo_micro_batch_size_per_gpu
+        use_dynamic_bsz = bool(cfg.use_dynamic_bsz)
+        max_token_len = cfg.ppo_max_token_len_per_gpu
         if not use_dynamic_bsz and micro_batch_size is None:
             raise ValueError("critic.ppo_micro_batch_size_per_gpu is null and use_dynamic_bsz is False: set one of them")
         for key in ("values", "returns"):
