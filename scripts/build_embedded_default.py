@@ -318,7 +318,7 @@ def parse_args(argv=None):
     p.add_argument("--n_test", type=int, default=256, help="RL validation prompts")
     p.add_argument("--n_sft_train", type=int, default=4096)
     p.add_argument("--n_sft_val", type=int, default=256)
-    p.add_argument("--careless_rate", type=float, default=0.6,
+    p.add_argument("--careless_rate", type=float, default=0.7,
                    help="probability that the warm-up teacher answers with the carry-dropping sum")
     # model
     p.add_argument("--hidden_size", type=int, default=128)

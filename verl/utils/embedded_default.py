@@ -94,5 +94,5 @@ def recommended_overrides() -> dict[str, object]:
         "data.train_batch_size": 32,
         "actor_rollout_ref.rollout.n": 8,
         "actor_rollout_ref.rollout.temperature": 1.0,
-        "actor_rollout_ref.actor.optim.lr": 1e-5,
+        "actor_rollout_ref.actor.optim.lr": 3e-5,
     }
