@@ -161,7 +161,6 @@ class DataParallelPPOActor(BasePPOActor):
         self.compute_dtype = compute_dtype
         self.use_remove_padding = use_remove_padding
         self.pad_token_id = int(pad_token_id or 0)
-        self.device_type = "cuda" if next(actor_module.parameters()).device.type == "cuda" else "cpu"
         self.last_padding_stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------
@@ -192,7 +191,8 @@ class DataParallelPPOActor(BasePPOActor):
         prompt_width = input_ids.shape[-1] - resp_len
         resp_valid = attention_mask[:, prompt_width:].bool()
 
-        with autocast_context(self.device_type, self.compute_dtype):
+        device_type = "cuda" if device.type == "cuda" else "cpu"
+        with autocast_context(device_type, self.compute_dtype):
             if self.use_remove_padding:
                 packed = compact_rows(input_ids, attention_mask, position_ids, self.pad_token_id)
                 logits = self.actor_module(
