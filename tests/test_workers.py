@@ -257,3 +257,28 @@ def test_gradient_checkpointing_gives_the_same_update(tiny):
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_standalone_rollout_and_ref_roles(tiny):
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    path, tok, plain = tiny
+    cfg = make_config(path)
+    rollout = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="rollout")
+    rollout.init_model()
+    assert rollout.actor is None and rollout.rollout.owns_module  # its own (unsharded) model
+    out = rollout.generate_sequences(prompt_batch(tok))
+    assert out.batch["responses"].shape == (8, 6)
+    with pytest.raises(RuntimeError, match="needs the actor role"):
+        rollout.compute_log_prob(DataProto.from_dict(tensors=dict(out.batch.items())))
+    ref = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="ref")
+    ref.init_model()
+    batch = DataProto.from_dict(tensors=dict(out.batch.items()))
+    lp = ref.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    expected = reference_log_probs(plain, {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")})
+    torch.testing.assert_close(lp, expected, atol=1e-5, rtol=0)
+    assert not any(p.requires_grad for p in ref.ref_policy.actor_module.parameters())
+    with pytest.raises(RuntimeError, match="needs a rollout role"):
+        ref.generate_sequences(prompt_batch(tok))
+    with pytest.raises(ValueError, match="role='critic'"):
+        ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="critic")
