@@ -74,9 +74,9 @@ def test_gae_without_critic_is_rejected():
         (["trainer.n_gpus_per_node=3"], r"32 \* 8 = 256 sequences cannot be split evenly over 3 data-parallel workers"),
         (["data.train_batch_size=16"], r"ppo_mini_batch_size=32 is larger than data\.train_batch_size=16"),
         (["actor_rollout_ref.actor.ppo_mini_batch_size=12"], r"train_batch_size=32 is not a multiple of .*ppo_mini_batch_size=12.*8 prompts"),
-        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48"], r"ppo_micro_batch_size_per_gpu=48 does not divide .* 32 \* 8 / 1 = 256"),
-        (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=96"], r"32 \* 8 / 2 = 128"),
-        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=512"], r"=512 does not divide .* = 256 sequences"),
+        (["actor_rollout_ref.actor.use_dynamic_bsz=False", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48"], r"ppo_micro_batch_size_per_gpu=48 does not divide .* 32 \* 8 / 1 = 256"),
+        (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_dynamic_bsz=False", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=96"], r"32 \* 8 / 2 = 128"),
+        (["actor_rollout_ref.actor.use_dynamic_bsz=False", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=512"], r"=512 does not divide .* = 256 sequences"),
     ],
 )
 def test_batch_size_rules_give_the_numbers(overrides, pattern):
