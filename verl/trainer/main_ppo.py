@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict

@@ -40,7 +40,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 from codetiming import Timer
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf, open_dict
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo import core_algos
