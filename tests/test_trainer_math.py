@@ -14,6 +14,7 @@ from verl.trainer.ppo.ray_trainer import (
     apply_kl_penalty,
     compute_advantage,
     select_groups_with_variance,
+    trim_left_padding,
     trim_to_whole_groups,
 )
 from verl.trainer.ppo.utils import validate_config
@@ -220,3 +221,15 @@ def test_process_validation_metrics():
     assert out["other"]["reward"]["mean@2"] == 0.0
     single = process_validation_metrics(["d", "d"], ["a", "b"], {"reward": [1.0, 0.0]})
     assert single == {"d": {"reward": {"mean@1": 0.5, "std@1": 0.0}}}
+
+
+def test_trim_left_padding_keeps_every_valid_token():
+    mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 1, 1, 1]])
+    ids = torch.tensor([[0, 0, 0, 7, 8], [0, 0, 5, 6, 7]])
+    pos = torch.tensor([[0, 0, 0, 0, 1], [0, 0, 0, 1, 2]])
+    d = trim_left_padding(DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos}))
+    assert d.batch["input_ids"].tolist() == [[0, 7, 8], [5, 6, 7]]
+    assert d.batch["attention_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert d.batch["position_ids"].tolist() == [[0, 0, 1], [0, 1, 2]]
+    full = DataProto.from_dict(tensors={"input_ids": ids[:, 2:], "attention_mask": mask[:, 2:]})
+    assert trim_left_padding(full).batch["input_ids"].shape == (2, 3)  # nothing to trim

@@ -216,6 +216,26 @@ def trim_to_whole_groups(batch: DataProto, max_groups: int, n: int, divisor: int
     return batch.select_idxs(np.array(idx, dtype=np.int64))
 
 
+def trim_left_padding(data: DataProto, keys=("input_ids", "attention_mask", "position_ids")) -> DataProto:
+    """Drop the leading columns that are padding in every row (left-padded prompts).
+
+    Prompts are padded to `data.max_prompt_length`, usually far more than the longest prompt of a
+    batch; the padding is masked, so removing the columns no row uses changes no result and
+    saves the generation engine all the work on them (prefill and every decoding step attend to
+    them). Position ids keep their values. In place; returns `data`.
+    """
+    mask = data.batch["attention_mask"]
+    used = mask.bool().any(dim=0)
+    if not bool(used.any()):
+        return data
+    first = int(used.int().argmax())
+    if first > 0:
+        for k in keys:
+            if k in data.batch.keys():
+                data.batch[k] = data.batch[k][..., first:]
+    return data
+
+
 # ============================================================================ hooks
 class TrainerCallback:
     """Observe or adjust the loop at fixed points without copying `fit()`.
@@ -474,7 +494,7 @@ class RayPPOTrainer:
         batch = batch.repeat(repeat_times=n, interleave=True)
         gen_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
         nt_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data") if k in batch.non_tensor_batch]
-        gen_in = batch.pop(batch_keys=gen_keys, non_tensor_batch_keys=nt_keys)
+        gen_in = trim_left_padding(batch.pop(batch_keys=gen_keys, non_tensor_batch_keys=nt_keys))
         gen_in.meta_info.update(self._gen_meta(validate=False))
         with _timer("gen", timing_raw):
             out = self.actor_rollout_wg.generate_sequences(gen_in)
@@ -851,7 +871,7 @@ class RayPPOTrainer:
             batch = batch.repeat(repeat_times=vk.n, interleave=True)
             gen_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
             nt_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data") if k in batch.non_tensor_batch]
-            gen_in = batch.pop(batch_keys=gen_keys, non_tensor_batch_keys=nt_keys)
+            gen_in = trim_left_padding(batch.pop(batch_keys=gen_keys, non_tensor_batch_keys=nt_keys))
             gen_in.meta_info.update(self._gen_meta(validate=True))
             gen_in, pad = pad_dataproto_to_divisor(gen_in, self.dp_size)
             out = unpad_dataproto(self.actor_rollout_wg.generate_sequences(gen_in), pad)
