@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# PPO (Schulman et al. 2017; InstructGPT-style RLHF): critic + GAE, clipped surrogate, KL in the reward with the adaptive controller.
+#
+# With no arguments this trains on the embedded default (tiny model + toy task, CPU is fine):
+#   bash recipes/ppo.sh
+# Every extra argument is a Hydra override passed through, e.g. trainer.total_training_steps=20.
+#
+# On a GPU node with a real model, add for example (values for a 7B model on 8 GPUs):
+#   actor_rollout_ref.model.path=/models/Qwen2.5-7B-Instruct \
+#   data.train_files=$HOME/data/gsm8k/train.parquet data.val_files=$HOME/data/gsm8k/test.parquet \
+#   data.max_prompt_length=512 data.max_response_length=1024 data.train_batch_size=1024 \
+#   actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
+#   actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.rollout.name=vllm \
+#   actor_rollout_ref.rollout.gpu_memory_utilization=0.6 trainer.n_gpus_per_node=8 trainer.nnodes=1
+# (scripts/data_preprocess/gsm8k.py makes the parquet files; pip install -e ".[vllm]" for vllm.)
+set -euo pipefail
+exec "${PYTHON:-python}" -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=gae \
+    algorithm.gamma=1.0 \
+    algorithm.lam=0.95 \
+    algorithm.use_kl_in_reward=True \
+    algorithm.kl_penalty=kl \
+    algorithm.kl_ctrl.type=adaptive \
+    algorithm.kl_ctrl.kl_coef=0.01 \
+    algorithm.kl_ctrl.target_kl=0.1 \
+    actor_rollout_ref.rollout.n=1 \
+    actor_rollout_ref.actor.use_kl_loss=False \
+    actor_rollout_ref.actor.loss_agg_mode=token-mean \
+    critic.optim.lr=1e-4 \
+    "$@"
