@@ -45,14 +45,20 @@ def check_backends_available(backends: list[str]) -> None:
             raise ImportError(f"trainer.logger includes {name!r} but the package {module!r} is not installed (pip install {module})")
 
 
-def _jsonable(v: Any) -> Any:
+def to_jsonable(v: Any) -> Any:
+    """A JSON-serialisable copy of `v`: tensors/numpy scalars as numbers, sequences and arrays as
+    lists, dicts recursively, nan/inf as strings (JSON has none), anything else as its str()."""
+    if isinstance(v, dict):
+        return {str(k): to_jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)) or (hasattr(v, "tolist") and getattr(v, "ndim", 0) > 0):
+        return [to_jsonable(x) for x in (v if isinstance(v, (list, tuple)) else v.tolist())]
     if hasattr(v, "item") and callable(v.item):
         try:
             v = v.item()
         except (ValueError, RuntimeError):
             return str(v)
     if isinstance(v, float) and not math.isfinite(v):
-        return str(v)  # JSON has no nan/inf; keep them visible as strings
+        return str(v)  # keep them visible
     if isinstance(v, (int, float, str, bool)) or v is None:
         return v
     return str(v)
@@ -106,7 +112,7 @@ class FileLogger:
         self._fh = open(path, "a", encoding="utf-8")
 
     def log(self, data: dict, step: int) -> None:
-        record = {"step": step, "data": {k: _jsonable(v) for k, v in data.items()}}
+        record = {"step": step, "data": {k: to_jsonable(v) for k, v in data.items()}}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
 
@@ -241,7 +247,7 @@ class ValidationGenerationsLogger:
             os.makedirs(self.log_dir, exist_ok=True)
             with open(os.path.join(self.log_dir, "val_generations.jsonl"), "a", encoding="utf-8") as fh:
                 for inp, out, score in samples:
-                    fh.write(json.dumps({"step": step, "input": inp, "output": out, "score": _jsonable(score)}) + "\n")
+                    fh.write(json.dumps({"step": step, "input": inp, "output": out, "score": to_jsonable(score)}) + "\n")
         if tracking is not None and "tensorboard" in tracking.loggers:
             text = "\n\n".join(f"**input** {i}  \n**output** {o}  \n**score** {s}" for i, o, s in samples)
             tracking.loggers["tensorboard"].writer.add_text("val/generations", text, step)

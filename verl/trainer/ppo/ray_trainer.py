@@ -64,7 +64,9 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.reward import compute_reward
 from verl.trainer.ppo.utils import Role, ValidatedConfig, validate_config
+from verl.utils.import_utils import load_extern_type
 from verl.utils.torch_functional import masked_mean
+from verl.utils.tracking import to_jsonable
 
 logger = logging.getLogger(__name__)
 
@@ -343,10 +345,11 @@ class RayPPOTrainer:
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
 
         self.callbacks: list[TrainerCallback] = list(callbacks or [])
-        for spec in config.trainer.get("callbacks", None) or []:
-            from verl.workers.reward_manager.registry import load_object
-
-            self.callbacks.append(load_object(str(spec), what="trainer.callbacks")())
+        for spec in self.cfg.trainer.callbacks:
+            path, sep, name = str(spec).rpartition(":")
+            if not sep or not path or not name:
+                raise ValueError(f"trainer.callbacks entry {spec!r} must look like 'path/to/file.py:Class' or 'module:Class'")
+            self.callbacks.append(load_extern_type(path, name)())
 
         self.global_steps = 0
         self.epoch = 0
@@ -849,7 +852,7 @@ class RayPPOTrainer:
         gts = [rm.get("ground_truth") if isinstance(rm, dict) else None
                for rm in batch.non_tensor_batch.get("reward_model", [None] * len(batch))]
         return [
-            {"step": self.global_steps, "input": p, "output": r, "score": s, "ground_truth": _jsonable(g)}
+            {"step": self.global_steps, "input": p, "output": r, "score": s, "ground_truth": to_jsonable(g)}
             for p, r, s, g in zip(prompts, resps, scores, gts)
         ]
 
@@ -1007,12 +1010,3 @@ class RayPPOTrainer:
                 logger.info("training curves: %s", png)
                 print(f"training curves written to {png}")
 
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, (list, tuple, np.ndarray)):
-        return [_jsonable(x) for x in list(v)]
-    return str(v)
