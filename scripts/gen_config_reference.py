@@ -68,11 +68,8 @@ GLOSSARY = {
     # engines
     "strategy": "training backend: fsdp (FSDP2, the only one here; fsdp2 is an alias)",
     "fsdp_config.mixed_precision.param_dtype": "compute dtype of parameters (null: bf16 on CUDA, fp32 on CPU)",
-    "fsdp_config.mixed_precision.reduce_dtype": "dtype of gradient reduction",
-    "fsdp_config.mixed_precision.buffer_dtype": "dtype of buffers",
     "checkpoint.save_contents": "what a checkpoint holds: model, optimizer, extra (scheduler, RNG)",
     "ulysses_sequence_parallel_size": "sequence parallelism (not implemented: must be 1)",
-    "use_torch_compile": "compile the model with torch.compile",
     # batch sizes (docs/batch_sizes.md)
     "ppo_micro_batch_size_per_gpu": "sequences per forward/backward pass on one worker (gradient accumulation inside a mini-batch)",
     "forward_micro_batch_size_per_gpu": "sequences per forward pass on one worker when computing values",
@@ -140,7 +137,6 @@ GLOSSARY = {
     "reward_model.max_length": "truncate reward-model inputs to this many tokens (null: no limit)",
     "reward_model.reward_manager": "reward manager: naive, batch, dapo, prime, or path/to/file.py:ClassName",
     "reward_model.reward_kwargs": "options of the reward manager (see the table at the end)",
-    "reward_model.launch_reward_fn_async": "accepted for upstream compatibility; rewards are computed synchronously",
     # algorithm
     "algorithm.adv_estimator": "advantage estimator from the registry (gae, grpo, rloo, reinforce_plus_plus, remax, opo, gpg, norm, ... or one you register)",
     "algorithm.gamma": "discount factor",

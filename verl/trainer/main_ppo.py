@@ -109,7 +109,8 @@ class TaskRunner:
         local_path = copy_to_local(config.actor_rollout_ref.model.path)
         tok_path = config.data.get("tokenizer") or config.actor_rollout_ref.model.get("tokenizer_path") or local_path
         trust = bool(config.actor_rollout_ref.model.get("trust_remote_code", False))
-        tokenizer = hf_tokenizer(tok_path, trust_remote_code=trust)
+        tokenizer = hf_tokenizer(tok_path, trust_remote_code=trust,
+                                 chat_template=config.actor_rollout_ref.model.get("custom_chat_template"))
         processor = hf_processor(tok_path, trust_remote_code=trust)
 
         mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker)}

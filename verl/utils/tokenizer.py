@@ -23,13 +23,14 @@ def set_pad_token_id(tokenizer) -> None:
         warnings.warn(f"tokenizer has no pad token; using eos {tokenizer.eos_token!r} (id {tokenizer.eos_token_id})", stacklevel=2)
 
 
-def hf_tokenizer(name_or_path: str, correct_pad_token: bool = True, correct_gemma2: bool = True, **kwargs):
+def hf_tokenizer(name_or_path: str, correct_pad_token: bool = True, correct_gemma2: bool = True, chat_template: str | None = None, **kwargs):
     """`AutoTokenizer.from_pretrained(name_or_path, **kwargs)` with a pad token guaranteed.
 
     Args:
         name_or_path: a local directory or hub name.
         correct_pad_token: set pad = eos when the tokenizer has no pad token.
         correct_gemma2: Gemma-2's eos is `<end_of_turn>` for chat; use it (as upstream does).
+        chat_template: a jinja chat template replacing the tokenizer's (`model.custom_chat_template`).
         kwargs: forwarded (e.g. `trust_remote_code`).
     """
     from transformers import AutoTokenizer
@@ -39,6 +40,8 @@ def hf_tokenizer(name_or_path: str, correct_pad_token: bool = True, correct_gemm
     if correct_gemma2 and isinstance(name_or_path, str) and "gemma-2-2b-it" in name_or_path:
         kwargs.setdefault("eos_token", "<end_of_turn>")
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    if chat_template:
+        tokenizer.chat_template = chat_template
     if correct_pad_token:
         set_pad_token_id(tokenizer)
     return tokenizer

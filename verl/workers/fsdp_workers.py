@@ -234,7 +234,8 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         from verl.workers.actor.dp_actor import DataParallelPPOActor
 
         path = self._model_path()
-        self.tokenizer = hf_tokenizer(self.model_config.tokenizer_path or path, trust_remote_code=self.model_config.trust_remote_code)
+        self.tokenizer = hf_tokenizer(self.model_config.tokenizer_path or path, trust_remote_code=self.model_config.trust_remote_code,
+                                      chat_template=self.model_config.custom_chat_template)
         self.processor = hf_processor(self.model_config.tokenizer_path or path, trust_remote_code=self.model_config.trust_remote_code)
         pad_id = self.tokenizer.pad_token_id
         fsdp_cfg = self.actor_config.fsdp_config
@@ -506,7 +507,7 @@ class CriticWorker(Worker, _OffloadMixin):
 
         mc = self.config.model
         path = resolve_model_path(mc.path)
-        self.tokenizer = hf_tokenizer(mc.tokenizer_path or path, trust_remote_code=mc.trust_remote_code)
+        self.tokenizer = hf_tokenizer(mc.tokenizer_path or path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template)
         fsdp_cfg = self.config.fsdp_config
         self.critic_module = _build_fsdp_model(build_value_model, path, mc, fsdp_cfg, self.device_name, self.world_size, train=True)
         self.critic_optimizer = build_optimizer(self.critic_module.parameters(), self.config.optim)
@@ -596,7 +597,7 @@ class RewardModelWorker(Worker):
         mc = self.config.model
         if mc.path is None:
             raise ValueError("reward_model.enable=True needs reward_model.model.path: a sequence-classification reward model directory")
-        self.rm_tokenizer = hf_tokenizer(mc.tokenizer_path or mc.path, trust_remote_code=mc.trust_remote_code)
+        self.rm_tokenizer = hf_tokenizer(mc.tokenizer_path or mc.path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template)
         # the policy's tokenizer (null = the embedded default policy, as the yaml interpolates the
         # actor's model.path); responses are re-templated only when it differs from the RM's
         input_tokenizer = None

@@ -79,7 +79,6 @@ class ActorConfig(BaseConfig):
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
     checkpoint: dict = field(default_factory=lambda: {"save_contents": ["model", "optimizer", "extra"]})
-    use_torch_compile: bool = False
     # ignored in this implementation (upstream Ulysses); must stay 1
     ulysses_sequence_parallel_size: int = 1
 

@@ -76,7 +76,6 @@ class RewardModelConfig(BaseConfig):
     forward_max_token_len_per_gpu: int = 32768
     reward_manager: str = "naive"
     reward_kwargs: dict = field(default_factory=dict)
-    launch_reward_fn_async: bool = False
 
     def __post_init__(self):
         check_choice("reward_model", "strategy", self.strategy, ("fsdp", "fsdp2"))

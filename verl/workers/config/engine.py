@@ -11,20 +11,17 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 @dataclass
 class MixedPrecisionConfig(BaseConfig):
-    """dtype of parameters in compute, of gradient reduction, and of buffers.
+    """Compute dtype of forward/backward (`torch.autocast`); master weights, gradients and their
+    reduction stay in `FSDPEngineConfig.model_dtype`.
 
     `param_dtype: null` means: bf16 on CUDA, fp32 on CPU (see `FSDPEngineConfig.cpu_autocast_bf16`).
     """
 
     param_dtype: str | None = None
-    reduce_dtype: str = "fp32"
-    buffer_dtype: str = "fp32"
 
     def __post_init__(self):
         if self.param_dtype is not None:
             check_choice("fsdp_config.mixed_precision", "param_dtype", self.param_dtype, DTYPES)
-        check_choice("fsdp_config.mixed_precision", "reduce_dtype", self.reduce_dtype, DTYPES)
-        check_choice("fsdp_config.mixed_precision", "buffer_dtype", self.buffer_dtype, DTYPES)
 
 
 @dataclass

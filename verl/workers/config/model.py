@@ -28,5 +28,3 @@ class HFModelConfig(BaseConfig):
     enable_gradient_checkpointing: bool = False
     use_remove_padding: bool = True  # pack sequences (no compute on padding) in log-prob and update passes
     trust_remote_code: bool = False
-    # critic only: initialise the value head from a token-classification checkpoint when present
-    use_token_classification_head: bool = False
