@@ -58,3 +58,58 @@ def test_global_batch_info_property_follows_the_active_context():
         assert info["batch_num_tokens"] == 12
         # upstream-style call: the share of this micro-batch in a 12-token mini-batch
         assert core_algos.agg_loss(loss, mask, "token-mean", **info).item() == pytest.approx(15.0 / 12)
+
+
+def _compare_defaults(node, defaults, path, mismatches):
+    """`defaults`: a dataclass class (top-level field defaults) or a default instance (nested)."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(defaults)}
+    for key, yaml_value in node.items():
+        assert key in fields, f"{path}{key} is in the yaml but not a field of {defaults.__name__ if isinstance(defaults, type) else type(defaults).__name__}"
+        if isinstance(defaults, type):
+            f = fields[key]
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        else:
+            default = getattr(defaults, key)
+        if isinstance(yaml_value, dict) and dataclasses.is_dataclass(default):
+            _compare_defaults(yaml_value, default, f"{path}{key}.", mismatches)
+            continue
+        if isinstance(yaml_value, str) and "${" in yaml_value:
+            continue  # interpolated from another key
+        if dataclasses.is_dataclass(default):
+            default = default.to_dict()
+        default = list(default) if isinstance(default, tuple) else default
+        if default != yaml_value:
+            mismatches.append(f"{path}{key}: yaml {yaml_value!r} vs dataclass {default!r}")
+
+
+def test_yaml_defaults_equal_dataclass_defaults():
+    """One set of defaults: building a config dataclass directly gives what the CLI gives."""
+    from omegaconf import OmegaConf
+
+    from verl.trainer.config.data import DataConfig
+    from verl.trainer.config.trainer import TrainerConfig
+    from verl.workers.config import CriticConfig, HFModelConfig, RefConfig, RewardModelConfig
+
+    yaml_cfg = OmegaConf.to_container(
+        OmegaConf.load(__import__("pathlib").Path(__file__).parents[1] / "verl/trainer/config/ppo_trainer.yaml")
+    )
+    sections = {
+        ("data",): DataConfig,
+        ("actor_rollout_ref", "model"): HFModelConfig,
+        ("actor_rollout_ref", "actor"): ActorConfig,
+        ("actor_rollout_ref", "ref"): RefConfig,
+        ("actor_rollout_ref", "rollout"): RolloutConfig,
+        ("critic",): CriticConfig,
+        ("reward_model",): RewardModelConfig,
+        ("algorithm",): AlgoConfig,
+        ("trainer",): TrainerConfig,
+    }
+    mismatches: list[str] = []
+    for keys, cls in sections.items():
+        node = yaml_cfg
+        for k in keys:
+            node = node[k]
+        _compare_defaults(node, cls, ".".join(keys) + ".", mismatches)
+    assert not mismatches, "\n".join(mismatches)

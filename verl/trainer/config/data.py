@@ -58,16 +58,16 @@ class DataConfig(BaseConfig):
     val_files: Any = None
     prompt_key: str = "prompt"
     reward_fn_key: str = "data_source"
-    max_prompt_length: int = 512
-    max_response_length: int = 512
-    train_batch_size: int = 1024
+    max_prompt_length: int = 16
+    max_response_length: int = 8
+    train_batch_size: int = 32
     val_batch_size: int | None = None
     return_raw_chat: bool = False
     return_full_prompt: bool = False
     shuffle: bool = True
     validation_shuffle: bool = False
     seed: int = 1
-    filter_overlong_prompts: bool = False
+    filter_overlong_prompts: bool = True
     truncation: str = "error"
     dataloader_num_workers: int = 0
     custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)

@@ -60,7 +60,7 @@ class TrainerConfig(BaseConfig):
     n_gpus_per_node: int = 1
     cpus_per_worker: float | None = None
     torch_threads_per_worker: int | None = None
-    total_epochs: int = 1
+    total_epochs: int = 2
     total_training_steps: int | None = None
     time_budget_s: float | None = None
     project_name: str = "verl"
@@ -71,7 +71,7 @@ class TrainerConfig(BaseConfig):
     validation_data_dir: str | None = None
     balance_batch: bool = False
     save_freq: int = -1
-    test_freq: int = -1
+    test_freq: int = 10
     val_before_train: bool = True
     val_only: bool = False
     critic_warmup: int = 0
@@ -83,7 +83,7 @@ class TrainerConfig(BaseConfig):
     external_modules: list[str] = field(default_factory=list)
     log_dir: str = "runs/verl/default"
     callbacks: list[str] = field(default_factory=list)
-    role_pools: dict[str, list[int]] | None = None
+    role_pools: dict[str, list[int]] = field(default_factory=dict)
     peak_flops_per_worker: float | None = None
     plot: bool = True
     seed: int = 1

@@ -54,9 +54,9 @@ class ActorConfig(BaseConfig):
     """The policy being trained. Loss = policy loss - entropy_coeff * entropy + kl_loss_coef * KL."""
 
     strategy: str = "fsdp"
-    ppo_mini_batch_size: int = 256
+    ppo_mini_batch_size: int = 32
     ppo_micro_batch_size_per_gpu: int | None = None
-    use_dynamic_bsz: bool = False
+    use_dynamic_bsz: bool = True
     ppo_max_token_len_per_gpu: int = 16384
     ppo_epochs: int = 1
     shuffle: bool = False
@@ -76,7 +76,8 @@ class ActorConfig(BaseConfig):
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     grad_clip: float = 1.0
-    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    # lr 3e-5 suits the embedded 1M-parameter model; 7B-class models use ~1e-6
+    optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=3e-5))
     fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
     checkpoint: dict = field(default_factory=lambda: {"save_contents": ["model", "optimizer", "extra"]})
     # ignored in this implementation (upstream Ulysses); must stay 1

@@ -40,7 +40,7 @@ class RolloutConfig(BaseConfig):
 
     name: str = "hf"
     mode: str = "sync"
-    n: int = 1
+    n: int = 8
     do_sample: bool = True
     temperature: float = 1.0
     top_k: int = -1
