@@ -39,7 +39,7 @@ def _data(tok, advantages_seed=0, n_groups=4):
 
 def _actor(model, lr=1.0, optimizer="sgd", **cfg):
     model = copy.deepcopy(model)
-    base = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, loss_scale_factor=6.0, grad_clip=1e9, clip_ratio=0.2)
+    base = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, use_dynamic_bsz=False, loss_scale_factor=6.0, grad_clip=1e9, clip_ratio=0.2)
     base.update(cfg)
     config = ActorConfig(**base)
     opt = torch.optim.SGD(model.parameters(), lr=lr) if optimizer == "sgd" else torch.optim.AdamW(model.parameters(), lr=lr)

@@ -96,7 +96,7 @@ def test_rollout_log_probs_match_learner(tiny, temperature):
     _, tok, model = tiny
     torch.manual_seed(1)
     out = _rollout(model, temperature=temperature).generate_sequences(_prompts(tok, PROMPTS * 2))
-    actor = DataParallelPPOActor(ActorConfig(ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=4), model)
+    actor = DataParallelPPOActor(ActorConfig(ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False), model)
     out.meta_info.update(temperature=temperature, micro_batch_size=4)
     lp, _ = actor.compute_log_prob(out)
     mask = out.batch["response_mask"].bool()
@@ -156,7 +156,7 @@ def test_separate_copy_weight_sync_and_probe(tiny):
     probe = _prompts(tok)
     gen = _rollout(actor_model, do_sample=False).generate_sequences(probe)
     args = (gen.batch["input_ids"], gen.batch["attention_mask"], gen.batch["position_ids"], gen.batch["responses"])
-    actor = DataParallelPPOActor(ActorConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8), actor_model)
+    actor = DataParallelPPOActor(ActorConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, use_dynamic_bsz=False), actor_model)
     gen.meta_info["micro_batch_size"] = 8
     actor_lp, _ = actor.compute_log_prob(gen)
     mask = gen.batch["response_mask"].bool()

@@ -29,6 +29,7 @@ def make_config(model_path: str, **overrides):
         "actor_rollout_ref.rollout.n": 2,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "actor_rollout_ref.actor.use_dynamic_bsz": False,
         "actor_rollout_ref.actor.optim.lr": 1e-3,
         "critic.ppo_micro_batch_size_per_gpu": 2,
         "critic.optim.lr": 1e-3,

@@ -83,7 +83,7 @@ class TrainerConfig(BaseConfig):
     external_modules: list[str] = field(default_factory=list)
     log_dir: str = "runs/verl/default"
     callbacks: list[str] = field(default_factory=list)
-    role_pools: dict[str, list[int]] = field(default_factory=dict)
+    role_pools: dict[str, list[int]] | None = None
     peak_flops_per_worker: float | None = None
     plot: bool = True
     seed: int = 1
