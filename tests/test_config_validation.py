@@ -120,3 +120,17 @@ def test_missing_logger_backend_fails_before_start():
 def test_rollout_correction_needs_rollout_log_probs():
     with pytest.raises(ValueError, match="calculate_log_probs=True"):
         validate_config(cfg("algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=False"))
+
+
+def test_missing_local_files_are_named_before_anything_starts(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"data\.train_files='/no/such/train\.parquet': no such file"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", "data.train_files=/no/such/train.parquet"))
+    with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref\.model\.path='/no/such/model'"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=/no/such/model"))
+    with pytest.raises(FileNotFoundError, match=r"custom_reward_function\.path='missing_reward\.py'"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", "custom_reward_function.path=missing_reward.py"))
+    # a hub id is not a local path: it is left to the loader (which downloads when allowed)
+    validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct"))
+    existing = tmp_path / "train.parquet"
+    existing.write_bytes(b"")
+    validate_config(cfg("algorithm.adv_estimator=grpo", f"data.train_files=[{existing}]"))

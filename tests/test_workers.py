@@ -101,6 +101,8 @@ def test_actor_rollout_ref_round_trip(tiny, tmp_path):
     assert metrics["actor/pg_clipfrac"] == [0.0] and metrics["actor/ppo_kl"] == [0.0]  # first update: ratio 1
     assert metrics["actor/kl_loss"][0] == pytest.approx(0.0, abs=1e-6)  # actor == ref before the step
     assert metrics["actor/lr"] == [1e-3]
+    rss = metrics["perf/actor_memory/max_rss_gb"][0]
+    assert 0.05 < rss < 64  # a real reading of this process (python + torch alone exceed 50 MB)
     after = worker.compute_log_prob(batch).batch["old_log_probs"]
     assert (after - old.batch["old_log_probs"])[mask].abs().max() > 1e-4  # the policy moved
     # ... and the shared rollout generates with the updated weights, no sync needed

@@ -184,6 +184,22 @@ def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, d
 # ---------------------------------------------------------------------------------------------
 
 
+def memory_metrics(device_name: str, prefix: str) -> dict[str, list[float]]:
+    """Peak memory of this worker process: accelerator memory on CUDA, resident set size (RSS) always.
+
+    Returned as one-element lists like the other worker metrics (the trainer averages over ranks).
+    """
+    import resource
+
+    # ru_maxrss is in KiB on Linux, in bytes on macOS
+    scale = 1 if os.uname().sysname == "Darwin" else 1024
+    out = {f"{prefix}/max_rss_gb": [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 1024**3]}
+    if device_name == "cuda" and torch.cuda.is_available():
+        out[f"{prefix}/max_memory_allocated_gb"] = [torch.cuda.max_memory_allocated() / 1024**3]
+        out[f"{prefix}/max_memory_reserved_gb"] = [torch.cuda.max_memory_reserved() / 1024**3]
+    return out
+
+
 class ActorRolloutRefWorker(Worker, _OffloadMixin):
     """Policy roles in one process: `actor` (training), `rollout` (generation), `ref` (frozen
     reference log-probs), or the combinations `actor_rollout`, `actor_rollout_ref`.
@@ -446,6 +462,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         metrics["actor/lr"] = [lr]
         tokens = float(data.batch["attention_mask"].sum()) * self.actor_config.ppo_epochs
         metrics["perf/actor_update_tokens_per_s"] = [tokens / elapsed if elapsed > 0 else 0.0]
+        metrics.update(memory_metrics(self.device_name, "perf/actor_memory"))
         if data.meta_info.get("use_current_as_old_log_prob", False):
             tensors = {"old_log_probs": self.actor.last_old_log_probs}
             if self.actor.last_entropys is not None:
@@ -549,6 +566,7 @@ class CriticWorker(Worker, _OffloadMixin):
         lr = self.critic_lr_scheduler.get_last_lr()[0]
         self.critic_lr_scheduler.step()
         metrics["critic/lr"] = [lr]
+        metrics.update(memory_metrics(self.device_name, "perf/critic_memory"))
         self._offload(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
         return DataProto(meta_info={"metrics": metrics})
 

@@ -294,4 +294,33 @@ def validate_config(config: Any) -> ValidatedConfig:
     check_backends_available(tr.logger)
     if tr.critic_warmup and not v.use_critic:
         raise ValueError(f"trainer.critic_warmup={tr.critic_warmup} needs a critic (algorithm.adv_estimator=gae or critic.enable=True)")
+    check_paths_exist(v)
     return v
+
+
+def _is_local_path(path: str) -> bool:
+    """A path the user means as local (absolute, ~ or relative with ./ ../), not a hub id `org/name`."""
+    return path.startswith(("/", "~", "./", "../")) or os.path.splitext(path)[1] in (".parquet", ".jsonl", ".json", ".py")
+
+
+def check_paths_exist(v: ValidatedConfig) -> None:
+    """Fail before Ray starts when a local model directory, data file or reward file is missing."""
+    checks: list[tuple[str, Any]] = [
+        ("data.train_files", v.data.train_files),
+        ("data.val_files", v.data.val_files),
+        ("actor_rollout_ref.model.path", v.model.path),
+        ("actor_rollout_ref.model.tokenizer_path", v.model.tokenizer_path),
+        ("custom_reward_function.path", v.custom_reward_function.path),
+    ]
+    if v.use_critic:
+        checks.append(("critic.model.path", v.critic.model.path))
+    if v.use_rm:
+        checks.append(("reward_model.model.path", v.reward_model.model.path))
+    for key, value in checks:
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for item in values:
+            if item is None or "://" in str(item):  # null = embedded default; remote URIs are copied later
+                continue
+            item = str(item)
+            if _is_local_path(item) and not os.path.exists(os.path.expanduser(item)):
+                raise FileNotFoundError(f"{key}={item!r}: no such file or directory (resolved from {os.getcwd()!r})")
