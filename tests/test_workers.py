@@ -285,3 +285,24 @@ def test_standalone_rollout_and_ref_roles(tiny):
         ref.generate_sequences(prompt_batch(tok))
     with pytest.raises(ValueError, match="role='critic'"):
         ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="critic")
+
+
+def test_model_loading_keeps_the_per_rank_sampling_stream(tiny):
+    """The worker seeds 1234 + rank before init_model; building the models must not reset the
+    stream (it did: every rank sampled with the same seed-0 stream)."""
+    from verl.utils.model import build_causal_lm, build_value_model
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    path, _, _ = tiny
+    torch.manual_seed(7)
+    state = torch.get_rng_state()
+    build_causal_lm(path)
+    build_value_model(path)
+    assert torch.equal(torch.get_rng_state(), state)
+    # and the value head of a fresh value model is still the same on every rank
+    torch.testing.assert_close(build_value_model(path).score.weight, build_value_model(path).score.weight, atol=0, rtol=0)
+
+    worker = ActorRolloutRefWorker(config=make_config(path).actor_rollout_ref, role="actor_rollout")
+    worker.init_model()
+    expected = torch.Generator().manual_seed(1234 + worker.rank).get_state()
+    assert torch.equal(torch.get_rng_state(), expected)

@@ -117,16 +117,19 @@ def _from_pretrained(auto_cls, path: str, override_config: dict | None, torch_dt
     config = load_model_config(path, override, trust_remote_code)
     for key, value in extra.items():
         setattr(config, key, value)
-    # Weights absent from the checkpoint (a fresh value head) are drawn from the torch RNG; seeding
-    # it identically on every rank keeps the FSDP shards of those weights consistent.
-    torch.manual_seed(seed)
-    model = auto_cls.from_pretrained(
-        path,
-        config=config,
-        dtype=torch_dtype_from_name(torch_dtype) or torch.float32,
-        attn_implementation=attn,
-        trust_remote_code=trust_remote_code,
-    )
+    # Weights absent from the checkpoint (a fresh value head) are drawn from the CPU torch RNG;
+    # seeding it identically on every rank keeps the FSDP shards of those weights consistent. The
+    # caller's RNG state is restored afterwards: the workers seed a distinct sampling stream per
+    # rank before building their models, and loading a model must not reset it.
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        model = auto_cls.from_pretrained(
+            path,
+            config=config,
+            dtype=torch_dtype_from_name(torch_dtype) or torch.float32,
+            attn_implementation=attn,
+            trust_remote_code=trust_remote_code,
+        )
     return model
 
 
