@@ -207,3 +207,16 @@ def test_meta_seed_makes_sampling_reproducible_and_dropping_rows_is_exact(tiny):
         single = _rollout(model, do_sample=False).generate_sequences(one).batch["responses"][0]
         full = _rollout(model, do_sample=False).generate_sequences(_prompts(tok, PROMPTS * 4)).batch["responses"][i]
         assert torch.equal(single, full)
+
+
+def test_greedy_with_temperature_zero_matches_learner(tiny):
+    """rollout.temperature=0 with do_sample=False is a valid greedy config: the rollout reports
+    T=1 log-probs and the learner, given the same temperature 0, must not divide by it."""
+    _, tok, model = tiny
+    out = _rollout(model, do_sample=False, temperature=0.0).generate_sequences(_prompts(tok))
+    actor = DataParallelPPOActor(ActorConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False), model)
+    out.meta_info.update(temperature=0.0, micro_batch_size=4)
+    lp, _ = actor.compute_log_prob(out)
+    mask = out.batch["response_mask"].bool()
+    assert torch.isfinite(lp).all()
+    assert (lp - out.batch["rollout_log_probs"])[mask].abs().max() < 1e-5

@@ -15,7 +15,9 @@ original position ids, which is the same function of the valid tokens as the pad
 Temperature. The rollout samples from softmax(logits / T) and reports log-probs under that
 distribution; `compute_log_prob` and `update_policy` divide the logits by the same T
 (`meta_info["temperature"]`, default 1.0), so rollout, old and current log-probs are all of the
-same distribution. Top-k / top-p truncation is not applied to log-probs (as upstream).
+same distribution; T = 0 (greedy decoding) means T = 1 on both sides
+(`verl.workers.rollout.base.logprob_temperature`). Top-k / top-p truncation is not applied to
+log-probs (as upstream).
 
 Loss (per mini-batch, summed over micro-batches without any 1/n_micro factor):
 `policy_loss - entropy_coeff * agg(entropy) + kl_loss_coef * agg(kl(logp, ref_logp))`, where every
@@ -39,6 +41,7 @@ from verl.trainer.ppo import core_algos
 from verl.utils.fsdp_utils import autocast_context, clip_grad_norm_
 from verl.utils.seqlen_balancing import compact_rows, plan_micro_batches
 from verl.workers.actor.base import BasePPOActor
+from verl.workers.rollout.base import logprob_temperature
 
 __all__ = ["DataParallelPPOActor"]
 
@@ -251,7 +254,7 @@ class DataParallelPPOActor(BasePPOActor):
             row order of `data`.
         """
         meta = data.meta_info
-        temperature = float(meta.get("temperature", 1.0))
+        temperature = logprob_temperature(meta.get("temperature", 1.0))
         batch = data.batch.select(*_MODEL_INPUTS)
         groups = self._plan(batch, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len"))
         was_training = self.actor_module.training
@@ -317,7 +320,7 @@ class DataParallelPPOActor(BasePPOActor):
         if self.actor_optimizer is None:
             raise RuntimeError("update_policy called on an actor without optimizer (reference policy?)")
         meta = data.meta_info
-        temperature = float(meta.get("temperature", 1.0))
+        temperature = logprob_temperature(meta.get("temperature", 1.0))
         use_current = bool(meta.get("use_current_as_old_log_prob", False))
         rc_config = meta.get("rollout_correction")
         # micro-batching of the update comes from the config only (meta_info's micro-batch keys

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-__all__ = ["BaseRollout", "register_rollout", "get_rollout_class", "ROLLOUT_REGISTRY"]
+__all__ = ["BaseRollout", "register_rollout", "get_rollout_class", "ROLLOUT_REGISTRY", "logprob_temperature"]
 
 ROLLOUT_REGISTRY: dict[str, type | str] = {
     # built-in engines are imported lazily so that `vllm` is only imported when selected
@@ -104,6 +104,16 @@ class BaseRollout(ABC):
 
     def resume(self) -> None:
         """Restore what `release` freed before the next generation."""
+
+
+def logprob_temperature(temperature) -> float:
+    """The T of the distribution softmax(logits / T) that log-probs are reported under.
+
+    `temperature` when > 0; 1.0 for None / 0 (greedy decoding configured as `temperature=0`).
+    The hf rollout and the learner (`DataParallelPPOActor`) both use it, so that rollout, old and
+    current log-probs are of the same distribution.
+    """
+    return float(temperature) if temperature is not None and float(temperature) > 0 else 1.0
 
 
 def eos_id_list(eos_token_id) -> list[int]:

@@ -28,7 +28,7 @@ import inspect
 import torch
 
 from verl.utils.fsdp_utils import autocast_context, full_parameters
-from verl.workers.rollout.base import BaseRollout, assemble_rollout_output, eos_id_list, register_rollout
+from verl.workers.rollout.base import BaseRollout, assemble_rollout_output, eos_id_list, logprob_temperature, register_rollout
 
 __all__ = ["HFRollout", "filter_logits_top_k_top_p"]
 
@@ -176,7 +176,7 @@ class HFRollout(BaseRollout):
         position_ids = position_ids.to(device)
         b = input_ids.shape[0]
         greedy = not params["do_sample"]
-        temperature = float(params["temperature"]) if params["temperature"] and params["temperature"] > 0 else 1.0
+        temperature = logprob_temperature(params["temperature"])
         eos = torch.tensor(eos_ids, device=device, dtype=torch.long) if eos_ids and not self.config.ignore_eos else None
         tokens = torch.full((b, resp_len), pad_id, dtype=torch.long, device=device)
         lps = torch.zeros((b, resp_len), dtype=torch.float32, device=device)
