@@ -119,6 +119,7 @@ class StubGenTrainer(RayPPOTrainer):
         self.use_critic = self.cfg.use_critic
         self.global_steps = 1
         self.rounds = iter(rounds)
+        self.tokenizer = type("Tok", (), {"eos_token_id": 1, "pad_token_id": 0})()
 
     def generate(self, batch, timing_raw, metrics):
         return batch.repeat(self.cfg.rollout.n, interleave=True)
@@ -170,6 +171,46 @@ def test_partial_batches_are_cut_to_whole_mini_batches():
     t = StubGenTrainer(DAPO + over, rounds=[[0, 1, 0, 1, 1, 0, 1, 1]])
     batch = t.collect_batch(prompts(5, bs=4), {}, {})
     assert len(set(batch.non_tensor_batch["uid"])) == 2 and len(batch) == 4
+
+
+class PromptWidthTrainer(StubGenTrainer):
+    """The real `generate` (prompt trimming included) against a fake rollout that answers 2 tokens."""
+
+    generate = RayPPOTrainer.generate
+
+    def __init__(self, overrides, rounds):
+        from verl.workers.rollout.base import assemble_rollout_output
+
+        super().__init__(overrides, rounds)
+
+        class FakeRollout:
+            world_size = 1
+
+            def generate_sequences(self, p):
+                resp = torch.full((len(p), 2), 5)
+                return assemble_rollout_output(p.batch["input_ids"], p.batch["attention_mask"], p.batch["position_ids"],
+                                               resp, None, [], 0)
+
+        self.actor_rollout_wg = FakeRollout()
+
+
+def left_padded_prompts(lengths_per_round, width=4):
+    for lens in lengths_per_round:
+        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lens])
+        yield {"input_ids": mask * 7, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+               "data_source": np.array(["t"] * len(lens), dtype=object)}
+
+
+def test_dynamic_sampling_concatenates_rounds_of_different_prompt_widths():
+    # round 0 prompts are at most 2 tokens long, round 1 prompts 3: generation trims each round to
+    # its own width, so the kept rows must be re-aligned before they are concatenated
+    t = PromptWidthTrainer(DAPO, rounds=[[1, 1, 0, 1], [0, 1, 1, 0]])
+    batch = t.collect_batch(left_padded_prompts([[2, 1], [3, 3]]), {}, {})
+    assert list(batch.non_tensor_batch["uid"]) == ["1-0-1", "1-0-1", "1-1-0", "1-1-0"]
+    assert batch.batch["prompts"].shape == (4, 3) and batch.batch["input_ids"].shape == (4, 5)
+    assert batch.batch["attention_mask"].tolist() == [[0, 0, 1, 1, 1]] * 2 + [[1, 1, 1, 1, 1]] * 2
+    assert batch.batch["input_ids"][0].tolist() == [0, 0, 7, 5, 5]
+    assert batch.batch["position_ids"][0].tolist() == [0, 0, 0, 1, 2]
 
 
 def test_no_dynamic_sampling_is_one_round():

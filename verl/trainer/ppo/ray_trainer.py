@@ -238,6 +238,32 @@ def trim_left_padding(data: DataProto, keys=("input_ids", "attention_mask", "pos
     return data
 
 
+def left_pad_prompts(data: DataProto, width: int, pad_token_id: int) -> DataProto:
+    """Left-pad the prompt side of a generated batch to `width` prompt columns.
+
+    Generation batches are trimmed to their own longest prompt (`trim_left_padding`), so two
+    rounds of dynamic sampling can differ in prompt width; before they are concatenated both get
+    the wider one. Pads `prompts` [B, P] and `input_ids` / `attention_mask` / `position_ids`
+    [..., P+R] on the left (pad id, mask 0, position 0): masked columns change no result. In
+    place; returns `data`.
+    """
+    extra = width - data.batch["prompts"].shape[-1]
+    if extra <= 0:
+        return data
+    for key, value in (("prompts", pad_token_id), ("input_ids", pad_token_id), ("attention_mask", 0), ("position_ids", 0)):
+        if key in data.batch.keys():
+            data.batch[key] = torch.nn.functional.pad(data.batch[key], (extra, 0), value=value)
+    return data
+
+
+def concat_generated(parts: list[DataProto], pad_token_id: int) -> DataProto:
+    """Concatenate generated batches whose prompt widths may differ (see `left_pad_prompts`)."""
+    if all("prompts" in p.batch.keys() for p in parts):
+        width = max(p.batch["prompts"].shape[-1] for p in parts)
+        parts = [left_pad_prompts(p, width, pad_token_id) for p in parts]
+    return DataProto.concat(parts)
+
+
 # ============================================================================ hooks
 class TrainerCallback:
     """Observe or adjust the loop at fixed points without copying `fit()`.
@@ -594,7 +620,9 @@ class RayPPOTrainer:
                 # score metrics of the unfiltered first round: what the policy actually does
                 metrics["filter_groups/raw_score_mean"] = batch.batch["token_level_scores"].sum(-1).mean().item()
             batch = self.filter_groups(batch, metrics)
-            kept = batch if kept is None else DataProto.concat([kept, batch])
+            # each round's prompts were trimmed to its own longest one: align the widths first
+            # (the pad id is masked out; any id works)
+            kept = batch if kept is None else concat_generated([kept, batch], self.tokenizer.pad_token_id or 0)
             n_groups = len(set(kept.non_tensor_batch["uid"]))
             if not fg.keep_generating or n_groups >= target:
                 break
