@@ -10,7 +10,7 @@ from tensordict import TensorDict
 
 from verl.utils import device as device_utils
 from verl.utils import tensordict_utils as tu
-from verl.utils.py_functional import DynamicEnum, append_to_dict, union_two_dict
+from verl.utils.py_functional import DynamicEnum, append_to_dict, config_get, union_two_dict
 
 # ----------------------------------------------------------------------------- tensordict_utils
 
@@ -183,3 +183,29 @@ def test_dict_helpers():
     append_to_dict(acc, {"x": 1})
     append_to_dict(acc, {"x": 2, "y": 0})
     assert acc == {"x": [1, 2], "y": [0]}
+
+
+def test_config_get_reads_dicts_dataclasses_dictconfig_and_objects():
+    from dataclasses import dataclass
+
+    from omegaconf import OmegaConf
+
+    from verl.trainer.ppo import core_algos, rollout_corr_helper
+    from verl.utils.dataset import rl_dataset, sft_dataset
+
+    @dataclass
+    class Cfg:
+        a: int = 1
+        b: object = None
+
+    class Obj:
+        a = 1
+        b = None
+
+    for cfg in ({"a": 1, "b": None}, Cfg(), OmegaConf.create({"a": 1, "b": None}), Obj()):
+        assert config_get(cfg, "a", 5) == 1
+        assert config_get(cfg, "b", 5) == 5  # None counts as unset
+        assert config_get(cfg, "missing", 5) == 5
+    assert config_get(None, "a", 7) == 7
+    # one helper, used by the algorithms and the datasets
+    assert core_algos.config_get is rollout_corr_helper.config_get is rl_dataset.config_get is sft_dataset.config_get is config_get

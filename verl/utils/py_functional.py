@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DynamicEnum", "append_to_dict", "union_two_dict"]
+__all__ = ["DynamicEnum", "append_to_dict", "config_get", "union_two_dict"]
+
+
+def config_get(config: Any, key: str, default: Any = None) -> Any:
+    """Read `key` from a config that is a dataclass (`BaseConfig`), a dict, a DictConfig or any
+    object with attributes. A missing key, a `None` value or a `None` config give `default`."""
+    if config is None:
+        return default
+    if isinstance(config, Mapping):
+        value = config.get(key, default)
+    else:
+        value = getattr(config, key, default)
+    return default if value is None else value
 
 
 class _DynamicEnumMeta(type):

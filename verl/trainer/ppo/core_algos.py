@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 import verl.utils.torch_functional as verl_F
+from verl.utils.py_functional import config_get
 
 __all__ = [
     # registries
@@ -106,18 +107,6 @@ __all__ = [
 # =============================================================================================
 # Config access
 # =============================================================================================
-
-
-def config_get(config: Any, key: str, default: Any = None) -> Any:
-    """Read `key` from a config that is a dataclass (`BaseConfig`), a dict, a DictConfig or any
-    object with attributes. Missing keys and `None` values give `default`."""
-    if config is None:
-        return default
-    if isinstance(config, Mapping):
-        value = config.get(key, default)
-    else:
-        value = getattr(config, key, default)
-    return default if value is None else value
 
 
 def _loss_knob(config: Any, key: str, default: Any) -> Any:

@@ -22,12 +22,12 @@ Notation: log_ratio = old_log_prob - rollout_log_prob = log(pi_learner / pi_roll
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 import verl.utils.torch_functional as verl_F
+from verl.utils.py_functional import config_get
 
 __all__ = [
     "ROLLOUT_IS_LEVELS",
@@ -60,28 +60,21 @@ _KPOP_DEFAULT_UPPER = 2.0
 _RATIO_DEFAULT_UPPER = 2.0
 
 
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    if config is None:
-        return default
-    value = config.get(key, default) if isinstance(config, Mapping) else getattr(config, key, default)
-    return default if value is None else value
-
-
 def validate_rollout_correction_config(config: Any) -> None:
     """Raise ValueError naming `algorithm.rollout_correction.<key>` for a bad mode or threshold.
     Meant to be called when the config is loaded (before any worker starts)."""
     owner = "algorithm.rollout_correction"
-    is_level = _get(config, "rollout_is")
+    is_level = config_get(config, "rollout_is")
     if is_level not in ROLLOUT_IS_LEVELS:
         raise ValueError(f"{owner}.rollout_is={is_level!r} is not allowed; expected one of {list(ROLLOUT_IS_LEVELS)}")
-    threshold = _get(config, "rollout_is_threshold", 2.0)
+    threshold = config_get(config, "rollout_is_threshold", 2.0)
     if not float(threshold) > 0:
         raise ValueError(f"{owner}.rollout_is_threshold={threshold!r} must be > 0")
-    mode = _get(config, "rollout_rs")
+    mode = config_get(config, "rollout_rs")
     if mode not in ROLLOUT_RS_MODES:
         raise ValueError(f"{owner}.rollout_rs={mode!r} is not allowed; expected one of {list(ROLLOUT_RS_MODES)}")
-    upper = _get(config, "rollout_rs_threshold")
-    lower = _get(config, "rollout_rs_threshold_lower")
+    upper = config_get(config, "rollout_rs_threshold")
+    lower = config_get(config, "rollout_rs_threshold_lower")
     if mode is not None and _K_PATTERN.match(mode) and upper is None:
         raise ValueError(f"{owner}.rollout_rs={mode!r} needs {owner}.rollout_rs_threshold (the largest accepted value)")
     if mode in _RATIO_MODES:
@@ -315,23 +308,23 @@ def compute_rollout_correction(
     n_seqs = mask.any(-1).sum().clamp(min=1)
 
     keep = mask
-    mode = _get(rollout_corr_config, "rollout_rs")
+    mode = config_get(rollout_corr_config, "rollout_rs")
     if mode is not None:
         keep = compute_rollout_rejection_mask(
             old_log_prob,
             rollout_log_prob,
             mask,
             mode,
-            upper=_get(rollout_corr_config, "rollout_rs_threshold"),
-            lower=_get(rollout_corr_config, "rollout_rs_threshold_lower"),
+            upper=config_get(rollout_corr_config, "rollout_rs_threshold"),
+            lower=config_get(rollout_corr_config, "rollout_rs_threshold_lower"),
         )
         metrics["rollout_corr/rs_masked_token_frac"] = float((mask & ~keep).sum() / n_tokens)
         metrics["rollout_corr/rs_masked_seq_frac"] = float((mask.any(-1) & ~keep.any(-1)).sum() / n_seqs)
 
     weights = None
-    level = _get(rollout_corr_config, "rollout_is")
+    level = config_get(rollout_corr_config, "rollout_is")
     if level is not None:
-        threshold = float(_get(rollout_corr_config, "rollout_is_threshold", 2.0))
+        threshold = float(config_get(rollout_corr_config, "rollout_is_threshold", 2.0))
         weights, truncated = compute_rollout_is_weights(old_log_prob - rollout_log_prob, mask, level, threshold)
         weights = torch.where(keep, weights, torch.zeros_like(weights))
         metrics["rollout_corr/is_weight_mean"] = float(verl_F.masked_mean(weights, keep))

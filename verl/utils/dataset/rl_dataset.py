@@ -29,19 +29,13 @@ from torch.utils.data import Dataset
 
 from verl.utils.dataset.dataloader import create_sampler
 from verl.utils.dataset.files import RowSource, read_rows, to_plain, validate_messages
+from verl.utils.py_functional import config_get
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RLHFDataset", "collate_fn", "create_rl_sampler", "create_rl_dataset"]
 
 TRUNCATION_CHOICES = ("left", "right", "middle", "error")
-
-
-def _cfg_get(config, key, default=None):
-    if config is None:
-        return default
-    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
-    return default if value is None else value
 
 
 def collate_fn(data_list: list[dict]) -> dict:
@@ -95,13 +89,13 @@ class RLHFDataset(Dataset):
         self.tokenizer = tokenizer
         self.processor = processor
         self.config = config
-        self.prompt_key = _cfg_get(config, "prompt_key", "prompt")
-        self.max_prompt_length = int(_cfg_get(config, "max_prompt_length", 512))
-        self.filter_overlong_prompts = bool(_cfg_get(config, "filter_overlong_prompts", False))
-        self.truncation = _cfg_get(config, "truncation", "error")
-        self.return_raw_chat = bool(_cfg_get(config, "return_raw_chat", False))
-        self.return_full_prompt = bool(_cfg_get(config, "return_full_prompt", False))
-        self.chat_template_kwargs = dict(_cfg_get(config, "apply_chat_template_kwargs", {}) or {})
+        self.prompt_key = config_get(config, "prompt_key", "prompt")
+        self.max_prompt_length = int(config_get(config, "max_prompt_length", 512))
+        self.filter_overlong_prompts = bool(config_get(config, "filter_overlong_prompts", False))
+        self.truncation = config_get(config, "truncation", "error")
+        self.return_raw_chat = bool(config_get(config, "return_raw_chat", False))
+        self.return_full_prompt = bool(config_get(config, "return_full_prompt", False))
+        self.chat_template_kwargs = dict(config_get(config, "apply_chat_template_kwargs", {}) or {})
         if self.truncation not in TRUNCATION_CHOICES:
             raise ValueError(f"data.truncation={self.truncation!r} is not allowed; choose one of {TRUNCATION_CHOICES}")
         if self.max_prompt_length < 1:
@@ -213,15 +207,15 @@ class RLHFDataset(Dataset):
 
 def create_rl_sampler(data_config, dataset):
     """Seeded shuffling sampler (`data.shuffle`, `data.seed`; order = f(seed, epoch)) or a sequential one."""
-    return create_sampler(dataset, shuffle=bool(_cfg_get(data_config, "shuffle", True)),
-                          seed=int(_cfg_get(data_config, "seed", 1)))
+    return create_sampler(dataset, shuffle=bool(config_get(data_config, "shuffle", True)),
+                          seed=int(config_get(data_config, "seed", 1)))
 
 
 def create_rl_dataset(data_paths, data_config, tokenizer, processor=None, is_train: bool = True):
     """`data.custom_cls` (path + name) when set, else `RLHFDataset` (upstream signature)."""
-    custom = _cfg_get(data_config, "custom_cls", {}) or {}
+    custom = config_get(data_config, "custom_cls", {}) or {}
     cls = RLHFDataset
-    if _cfg_get(custom, "path"):
+    if config_get(custom, "path"):
         from verl.utils.import_utils import load_extern_type
 
         cls = load_extern_type(custom["path"], custom.get("name"))

@@ -28,17 +28,11 @@ import torch
 from torch.utils.data import Dataset
 
 from verl.utils.dataset.files import RowSource, read_rows, to_plain, validate_messages
+from verl.utils.py_functional import config_get
 
 logger = logging.getLogger(__name__)
 
 TRUNCATION_CHOICES = ("error", "left", "right")
-
-
-def _cfg_get(config, key, default=None):
-    if config is None:
-        return default
-    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
-    return default if value is None else value
 
 
 class SFTDataset(Dataset):
@@ -55,18 +49,18 @@ class SFTDataset(Dataset):
 
     def __init__(self, parquet_files, tokenizer, config=None):
         self.tokenizer = tokenizer
-        self.max_length = int(_cfg_get(config, "max_length", 1024))
-        self.truncation = _cfg_get(config, "truncation", "error")
+        self.max_length = int(config_get(config, "max_length", 1024))
+        self.truncation = config_get(config, "truncation", "error")
         if self.truncation not in TRUNCATION_CHOICES:
             raise ValueError(f"data.truncation={self.truncation!r} is not allowed for SFT; choose one of {TRUNCATION_CHOICES}")
-        self.prompt_key = _cfg_get(config, "prompt_key", "prompt")
-        self.response_key = _cfg_get(config, "response_key", "response")
-        self.prompt_dict_keys = list(_cfg_get(config, "prompt_dict_keys", []) or [])
-        self.response_dict_keys = list(_cfg_get(config, "response_dict_keys", []) or [])
-        multiturn = _cfg_get(config, "multiturn", {}) or {}
-        self.multiturn = bool(_cfg_get(multiturn, "enable", False))
-        self.messages_key = _cfg_get(multiturn, "messages_key", "messages")
-        self.chat_template_kwargs = dict(_cfg_get(config, "apply_chat_template_kwargs", {}) or {})
+        self.prompt_key = config_get(config, "prompt_key", "prompt")
+        self.response_key = config_get(config, "response_key", "response")
+        self.prompt_dict_keys = list(config_get(config, "prompt_dict_keys", []) or [])
+        self.response_dict_keys = list(config_get(config, "response_dict_keys", []) or [])
+        multiturn = config_get(config, "multiturn", {}) or {}
+        self.multiturn = bool(config_get(multiturn, "enable", False))
+        self.messages_key = config_get(multiturn, "messages_key", "messages")
+        self.chat_template_kwargs = dict(config_get(config, "apply_chat_template_kwargs", {}) or {})
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before building SFTDataset")
         if tokenizer.eos_token_id is None:
