@@ -84,7 +84,7 @@ def test_string_prompts_and_nested_keys(tmp_path, tokenizer):
 def test_truncation_and_bad_rows(tmp_path, tokenizer):
     path = _parquet(tmp_path / "a.parquet", [{"prompt": "12345+67890", "response": "80235"}])
     with pytest.raises(ValueError, match=r"a\.parquet \(row 0\): 21 tokens exceed data.max_length=10"):
-        SFTDataset(path, tokenizer, {"max_length": 10})[0]
+        SFTDataset(path, tokenizer, {"max_length": 10})  # at construction, not when the row is read
     left = SFTDataset(path, tokenizer, {"max_length": 10, "truncation": "left"})[0]
     right = SFTDataset(path, tokenizer, {"max_length": 10, "truncation": "right"})[0]
     # 21 tokens: bos, user, 11 prompt chars, end, assistant, 5 answer digits, eos

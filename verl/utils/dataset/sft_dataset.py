@@ -69,6 +69,11 @@ class SFTDataset(Dataset):
         # Tokenise everything up front: rows are small, errors surface at construction time with their
         # file/row, and __getitem__ stays a cheap pad + tensor conversion.
         self._items = [self._tokenize(row, src) for row, src in zip(self.rows, self.sources)]
+        if self.truncation == "error":
+            # fail now, naming the row, rather than when the loader reaches it mid-training
+            for (ids, _), src in zip(self._items, self.sources):
+                if len(ids) > self.max_length:
+                    raise ValueError(self._overlong_message(src, len(ids)))
 
     def __len__(self) -> int:
         return len(self._items)
@@ -133,16 +138,19 @@ class SFTDataset(Dataset):
                 _extend_checked(ids, flags, self._template(messages[: i + 1], add_generation_prompt=False), 0, src)
         return ids, flags
 
+    def _overlong_message(self, src: RowSource, n: int) -> str:
+        return (
+            f"{src}: {n} tokens exceed data.max_length={self.max_length}; raise max_length "
+            "or set data.truncation to 'left' or 'right'"
+        )
+
     # ------------------------------------------------------------------------------------------------
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         ids, flags = self._items[index]
         n = len(ids)
         if n > self.max_length:
-            if self.truncation == "error":
-                raise ValueError(
-                    f"{self.sources[index]}: {n} tokens exceed data.max_length={self.max_length}; raise max_length "
-                    f"or set data.truncation to 'left' or 'right'"
-                )
+            if self.truncation == "error":  # checked in __init__ already; kept in case truncation is changed later
+                raise ValueError(self._overlong_message(self.sources[index], n))
             if self.truncation == "left":
                 ids, flags = ids[-self.max_length :], flags[-self.max_length :]
             else:
