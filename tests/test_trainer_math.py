@@ -274,3 +274,12 @@ def test_trim_left_padding_keeps_every_valid_token():
     assert d.batch["position_ids"].tolist() == [[0, 0, 1], [0, 1, 2]]
     full = DataProto.from_dict(tensors={"input_ids": ids[:, 2:], "attention_mask": mask[:, 2:]})
     assert trim_left_padding(full).batch["input_ids"].shape == (2, 3)  # nothing to trim
+
+
+def test_cpu_peak_flops_measurement_leaves_the_global_rng_alone():
+    # fit() measures it at every start, also right after a resume restored the driver's RNG
+    from verl.trainer.ppo.metric_utils import peak_flops_per_worker
+
+    before = torch.get_rng_state()
+    assert peak_flops_per_worker("cpu") > 0
+    assert torch.equal(torch.get_rng_state(), before)

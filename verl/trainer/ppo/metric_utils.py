@@ -210,8 +210,9 @@ def peak_flops_per_worker(device: str) -> float | None:
         return None
     import time
 
-    a = torch.randn(512, 512)
-    b = torch.randn(512, 512)
+    g = torch.Generator().manual_seed(0)  # not the global RNG: a resumed run's restored stream stays untouched
+    a = torch.randn(512, 512, generator=g)
+    b = torch.randn(512, 512, generator=g)
     a @ b  # warm-up
     reps = 8
     t0 = time.perf_counter()

@@ -722,10 +722,11 @@ class RayPPOTrainer:
             config=OmegaConf.to_container(self.config, resolve=True),
             log_dir=self.config.trainer.get("log_dir"),
         )
-        self._load_checkpoint()
         # for the MFU estimate (perf/mfu/*): the policy's size and one worker's peak FLOP/s
         self._n_params = count_model_params(self.config.actor_rollout_ref.model.path, self.cfg.model.trust_remote_code)
         self._peak_flops = self.config.trainer.get("peak_flops_per_worker") or peak_flops_per_worker(self.device_name)
+        # restore last: nothing may draw from the restored random generators before the next step
+        self._load_checkpoint()
         for cb in self.callbacks:
             cb.on_fit_start(self)
 
