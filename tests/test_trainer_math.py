@@ -283,3 +283,19 @@ def test_cpu_peak_flops_measurement_leaves_the_global_rng_alone():
     before = torch.get_rng_state()
     assert peak_flops_per_worker("cpu") > 0
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_dp_compute_pads_to_the_group_size_and_drops_the_padding():
+    from verl.trainer.ppo.ray_trainer import dp_compute
+
+    class ThreeWorkers:
+        world_size = 3
+
+        def compute_ref_log_prob(self, data):
+            # the real dispatch refuses batches that do not split evenly
+            assert len(data) % 3 == 0, len(data)
+            return DataProto.from_dict(tensors={"ref_log_prob": data.batch["x"] * 2.0})
+
+    data = DataProto.from_dict(tensors={"x": torch.arange(8.0).unsqueeze(1)})
+    out = dp_compute(ThreeWorkers(), "compute_ref_log_prob", data)
+    assert out.batch["ref_log_prob"].squeeze(1).tolist() == [2.0 * i for i in range(8)]

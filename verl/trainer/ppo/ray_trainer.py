@@ -264,6 +264,19 @@ def concat_generated(parts: list[DataProto], pad_token_id: int) -> DataProto:
     return DataProto.concat(parts)
 
 
+def dp_compute(worker_group, method: str, data: DataProto) -> DataProto:
+    """`worker_group.<method>(data)` for a row-wise inference call (generation, log-probs,
+    values, reward-model scores), with `data` padded to a multiple of the group's workers and
+    the padding rows dropped from the result.
+
+    Training batches split evenly over the actor's workers, but not necessarily over a group of
+    another size (`trainer.role_pools`), nor do validation batches; the updates are never padded
+    (their batches are cut to whole groups that split evenly, see `trim_to_whole_groups`).
+    """
+    padded, pad = pad_dataproto_to_divisor(data, worker_group.world_size)
+    return unpad_dataproto(getattr(worker_group, method)(padded), pad)
+
+
 # ============================================================================ hooks
 class TrainerCallback:
     """Observe or adjust the loop at fixed points without copying `fit()`.
@@ -526,7 +539,7 @@ class RayPPOTrainer:
         gen_in = trim_left_padding(batch.pop(batch_keys=gen_keys, non_tensor_batch_keys=nt_keys))
         gen_in.meta_info.update(self._gen_meta(validate=False))
         with _timer("gen", timing_raw):
-            out = self.actor_rollout_wg.generate_sequences(gen_in)
+            out = dp_compute(self.actor_rollout_wg, "generate_sequences", gen_in)
         out.meta_info.pop("timing", None)
         metrics.update(reduce_metrics(out.meta_info.pop("metrics", {}) or {}))
         batch = batch.union(out)
@@ -554,8 +567,7 @@ class RayPPOTrainer:
         n = self.cfg.rollout.n
         first = gen_in.select_idxs(np.arange(0, len(gen_in), n))
         first.meta_info["do_sample"] = False
-        first, pad = pad_dataproto_to_divisor(first, self.dp_size)
-        greedy = unpad_dataproto(self.actor_rollout_wg.generate_sequences(first), pad)
+        greedy = dp_compute(self.actor_rollout_wg, "generate_sequences", first)
         greedy.meta_info.pop("timing", None)
         greedy.meta_info.pop("metrics", None)
         first_rows = np.arange(0, len(batch), n)
@@ -573,7 +585,7 @@ class RayPPOTrainer:
         """`token_level_scores` [B, R] (reward model and/or reward manager) + extra info columns."""
         with _timer("reward", timing_raw):
             if self.use_rm:
-                batch = batch.union(self.rm_wg.compute_rm_score(batch))
+                batch = batch.union(dp_compute(self.rm_wg, "compute_rm_score", batch))
             scores, extra = compute_reward(batch, self.reward_fn)
         batch.batch["token_level_scores"] = scores
         for k, v in extra.items():
@@ -661,7 +673,7 @@ class RayPPOTrainer:
             batch.meta_info["use_current_as_old_log_prob"] = True
             return batch
         with _timer("old_log_prob", timing_raw):
-            out = self.actor_rollout_wg.compute_log_prob(batch)
+            out = dp_compute(self.actor_rollout_wg, "compute_log_prob", batch)
             if "entropys" in out.batch.keys():
                 ent = out.batch.pop("entropys")
                 metrics["actor/entropy"] = masked_mean(ent, batch.batch["response_mask"]).item()
@@ -670,11 +682,11 @@ class RayPPOTrainer:
 
     def compute_ref_log_prob(self, batch: DataProto, timing_raw: dict) -> DataProto:
         with _timer("ref", timing_raw):
-            return batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))
+            return batch.union(dp_compute(self.ref_policy_wg, "compute_ref_log_prob", batch))
 
     def compute_values(self, batch: DataProto, timing_raw: dict) -> DataProto:
         with _timer("values", timing_raw):
-            return batch.union(self.critic_wg.compute_values(batch))
+            return batch.union(dp_compute(self.critic_wg, "compute_values", batch))
 
     def compute_advantages(self, batch: DataProto, timing_raw: dict, metrics: dict) -> DataProto:
         algo = self.cfg.algorithm
@@ -905,15 +917,14 @@ class RayPPOTrainer:
             nt_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data") if k in batch.non_tensor_batch]
             gen_in = trim_left_padding(batch.pop(batch_keys=gen_keys, non_tensor_batch_keys=nt_keys))
             gen_in.meta_info.update(self._gen_meta(validate=True))
-            gen_in, pad = pad_dataproto_to_divisor(gen_in, self.dp_size)
-            out = unpad_dataproto(self.actor_rollout_wg.generate_sequences(gen_in), pad)
+            out = dp_compute(self.actor_rollout_wg, "generate_sequences", gen_in)
             out.meta_info.pop("timing", None)
             out.meta_info.pop("metrics", None)
             batch = batch.union(out)
             if "response_mask" not in batch.batch.keys():
                 batch.batch["response_mask"] = compute_response_mask(batch)
             if self.use_rm:
-                batch = batch.union(self.rm_wg.compute_rm_score(batch))
+                batch = batch.union(dp_compute(self.rm_wg, "compute_rm_score", batch))
             scores, extra = compute_reward(batch, self.val_reward_fn)
             seq_scores = scores.sum(-1).tolist()
             infos["reward"].extend(seq_scores)
