@@ -87,3 +87,16 @@ def test_prune_keeps_newest_per_role(tmp_path):
 def test_step_of_rejects_other_names():
     with pytest.raises(ValueError, match="global_step_N"):
         step_of("/x/checkpoint_3")
+
+
+def test_prune_never_removes_the_checkpoint_just_saved(tmp_path):
+    # a run restarted from step 2 (trainer.resume_from_path) while steps 4 and 6 of the abandoned
+    # run still exist saves step 4 again: with one checkpoint kept, step 4 must survive
+    root = str(tmp_path)
+    for s in (2, 4, 6):
+        save_checkpoint_atomically(root, s, writer())
+    save_checkpoint_atomically(root, 4, writer())
+    prune_checkpoints(root, 1, 1, newest_step=4)
+    assert find_latest_ckpt_path(root).endswith("global_step_4")
+    assert sorted(os.listdir(os.path.join(root, "global_step_4"))) == ["actor", "critic", TRAINER_STATE_FILE]
+    assert [s for s, _ in list_checkpoints(root)] == [4, 6]  # 2 pruned; the later 6 is left alone

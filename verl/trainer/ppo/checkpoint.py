@@ -123,12 +123,18 @@ def save_checkpoint_atomically(root_path: str, step: int, write_fn: Callable[[st
 
 
 def prune_checkpoints(root_path: str, max_actor_ckpt_to_keep: int | None, max_critic_ckpt_to_keep: int | None,
-                      roles: tuple[str, ...] = ("actor", "critic")) -> list[str]:
+                      roles: tuple[str, ...] = ("actor", "critic"), newest_step: int | None = None) -> list[str]:
     """Keep the newest `max_actor_ckpt_to_keep` actor parts and `max_critic_ckpt_to_keep` critic
     parts (None = keep all); a step directory whose model parts are all gone is removed entirely.
-    The newest checkpoint is never touched. Returns the removed paths."""
+    The newest checkpoint is never touched. Returns the removed paths.
+
+    `newest_step` (the step just saved) counts as the newest: checkpoints of later steps (left by
+    an earlier run when this one was restarted from an older checkpoint) are neither counted nor
+    removed, so the checkpoint just written is never pruned."""
     limits = {"actor": max_actor_ckpt_to_keep, "critic": max_critic_ckpt_to_keep}
     ckpts = list_checkpoints(root_path)
+    if newest_step is not None:
+        ckpts = [(s, p) for s, p in ckpts if s <= newest_step]
     removed = []
     for role in roles:
         limit = limits.get(role)

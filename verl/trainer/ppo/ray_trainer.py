@@ -1003,7 +1003,7 @@ class RayPPOTrainer:
             torch.save(self.state_dict(), os.path.join(tmp, TRAINER_STATE_FILE))
 
         path = save_checkpoint_atomically(root, self.global_steps, write)
-        prune_checkpoints(root, tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep)
+        prune_checkpoints(root, tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep, newest_step=self.global_steps)
         self._saved_step = self.global_steps
         return path
 
