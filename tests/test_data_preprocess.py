@@ -114,3 +114,24 @@ def test_math_row_without_boxed_answer_is_named(tmp_path):
     (d / "train.jsonl").write_text(json.dumps({"problem": "p", "solution": "the answer is 3"}) + "\n")
     proc = _run("math_dataset.py", "--local_dataset_path", str(d), "--local_save_dir", str(tmp_path / "o"), "--splits", "train")
     assert proc.returncode != 0 and "train.jsonl (row 0)" in proc.stderr and "boxed" in proc.stderr
+
+
+def test_a_failing_split_leaves_no_partial_output(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "train.jsonl").write_text((FIXTURES / "gsm8k" / "train.jsonl").read_text())
+    (d / "test.jsonl").write_text(json.dumps({"question": "q", "answer": "no final line"}) + "\n")
+    out = tmp_path / "o"
+    proc = _run("gsm8k.py", "--local_dataset_path", str(d), "--local_save_dir", str(out))
+    assert proc.returncode != 0 and "test.jsonl (row 0)" in proc.stderr
+    assert not (out / "train.parquet").exists()  # train converted fine but nothing is written
+
+
+def test_json_array_input(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    rows = [json.loads(ln) for ln in (FIXTURES / "math" / "train.jsonl").read_text().splitlines()]
+    (d / "train.json").write_text(json.dumps(rows, indent=1))
+    proc = _run("math_dataset.py", "--local_dataset_path", str(d), "--local_save_dir", str(tmp_path / "o"), "--splits", "train")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["reward_model"]["ground_truth"] for r in _rows(tmp_path / "o" / "train.parquet")] == ["\\frac{1}{2}", "4"]

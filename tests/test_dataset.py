@@ -100,6 +100,19 @@ def test_reads_jsonl_and_lists_of_files_and_index_falls_back_to_position(tmp_pat
     assert [ds[i]["index"] for i in range(3)] == [0, 1, 2]
 
 
+def test_json_files_hold_an_array_or_json_lines(tmp_path):
+    from verl.utils.dataset.files import read_file_rows
+
+    rows = [{"a": 1, "s": "x\u2028y"}, {"a": 2, "s": ""}]
+    (tmp_path / "arr.json").write_text(json.dumps(rows, indent=2))
+    (tmp_path / "lines.json").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n\n")
+    assert read_file_rows(str(tmp_path / "arr.json")) == rows
+    assert read_file_rows(str(tmp_path / "lines.json")) == rows  # a raw U+2028 inside a string is no line break
+    (tmp_path / "bad.json").write_text(json.dumps([{"a": 1}, 3]))
+    with pytest.raises(ValueError, match=r"bad\.json \(row 1\): expected a JSON object"):
+        read_file_rows(str(tmp_path / "bad.json"))
+
+
 def test_collate_fn_gives_tensors_and_1d_object_arrays_for_dataproto(tmp_path, tokenizer):
     path = _parquet(tmp_path / "a.parquet", [_row(i, "10+10") for i in range(4)])
     ds = RLHFDataset(path, tokenizer, CFG)

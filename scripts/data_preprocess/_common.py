@@ -1,11 +1,21 @@
-"""Shared helpers of the data_preprocess scripts: find local split files, load from the hub, write parquet."""
+"""Shared part of the data_preprocess scripts: the command line, finding and reading the split files,
+loading from the hub, building rows of verl's RL schema and writing parquet.
+
+A script only defines how one source record becomes one RL row (``convert``) and calls `run`.
+"""
 
 from __future__ import annotations
 
+import argparse
 import glob
-import json
 import os
 import sys
+from typing import Callable
+
+# the scripts run as files (python scripts/data_preprocess/x.py): make the repository importable
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from verl.utils.dataset.files import read_file_rows  # noqa: E402
 
 SPLIT_SUFFIXES = (".parquet", ".jsonl", ".json")
 
@@ -35,26 +45,6 @@ def find_split_file(local_dataset_path: str, split: str) -> str:
     )
 
 
-def read_records(path: str) -> list[dict]:
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    stripped = text.lstrip()
-    if path.endswith(".json") and stripped.startswith("["):
-        return json.loads(text)
-    rows = []
-    for i, line in enumerate(text.splitlines()):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} (line {i + 1}): not valid JSON: {e.msg}") from e
-    return rows
-
-
 def load_from_hub(name: str, config: str | None, split: str) -> list[dict]:
     """Download one split with `datasets`; exits with a clear message when the hub cannot be reached."""
     try:
@@ -82,3 +72,66 @@ def require_columns(row: dict, columns: tuple[str, ...], where: str) -> None:
     missing = [c for c in columns if c not in row]
     if missing:
         raise KeyError(f"{where}: missing column(s) {missing}; columns present: {sorted(row)}")
+
+
+def rl_row(data_source: str, question: str, instruction: str, ground_truth: str, extra_info: dict) -> dict:
+    """One row of the RL schema: a single user message ``question + " " + instruction``."""
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": question + " " + instruction}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": extra_info,
+    }
+
+
+# convert(record, split, index, where, args) -> one RL row; `where` names the record in errors
+Convert = Callable[[dict, str, int, str, argparse.Namespace], dict]
+
+
+def run(
+    argv: list[str] | None,
+    *,
+    description: str,
+    default_save_dir: str,
+    hub_name: str,
+    hub_config: str | None,
+    required_columns: tuple[str, ...],
+    convert: Convert,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> dict[str, str]:
+    """The command line shared by the scripts: read every requested split (local files or the hub),
+    convert every record, and only then write ``{split}.parquet`` into --local_save_dir, so a bad
+    record or a missing split leaves no partial output. Returns split -> written path."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--local_dataset_path", default=None, help="directory (or file) with the train/test splits")
+    p.add_argument("--local_save_dir", default=default_save_dir)
+    p.add_argument("--from_hub", action="store_true", help=f"download {hub_name} with `datasets` (needs network)")
+    p.add_argument("--splits", nargs="+", default=["train", "test"])
+    if add_arguments is not None:
+        add_arguments(p)
+    args = p.parse_args(argv)
+    if (args.local_dataset_path is None) == (not args.from_hub):
+        p.error("give exactly one of --local_dataset_path DIR or --from_hub")
+    converted: dict[str, list[dict]] = {}
+    for split in args.splits:
+        if args.from_hub:
+            source = f"{hub_name}:{split}"
+            records = load_from_hub(hub_name, hub_config, split)
+        else:
+            source = find_split_file(args.local_dataset_path, split)
+            records = read_file_rows(source)
+        rows = []
+        for i, rec in enumerate(records):
+            where = f"{source} (row {i})"
+            require_columns(rec, required_columns, where)
+            rows.append(convert(rec, split, i, where, args))
+        converted[split] = rows
+    out_dir = os.path.expanduser(args.local_save_dir)
+    written = {}
+    for split, rows in converted.items():
+        path = os.path.join(out_dir, f"{split}.parquet")
+        write_parquet(rows, path)
+        written[split] = path
+        print(f"{split}: {len(rows)} rows -> {path}")
+    return written

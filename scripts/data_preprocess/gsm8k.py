@@ -16,13 +16,12 @@ rows (``train.parquet`` and ``test.parquet`` in --local_save_dir)::
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import find_split_file, load_from_hub, read_records, require_columns, write_parquet  # noqa: E402
+from _common import rl_row, run  # noqa: E402
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -37,43 +36,14 @@ def extract_ground_truth(answer: str, where: str) -> str:
     return found.group(1).replace(",", "").rstrip(".")
 
 
-def convert(records: list[dict], split: str, source: str) -> list[dict]:
-    rows = []
-    for i, rec in enumerate(records):
-        where = f"{source} (row {i})"
-        require_columns(rec, ("question", "answer"), where)
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": rec["question"] + " " + INSTRUCTION}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": extract_ground_truth(rec["answer"], where)},
-            "extra_info": {"split": split, "index": i, "question": rec["question"], "answer": rec["answer"]},
-        })
-    return rows
+def convert(rec: dict, split: str, index: int, where: str, args) -> dict:
+    extra = {"split": split, "index": index, "question": rec["question"], "answer": rec["answer"]}
+    return rl_row(DATA_SOURCE, rec["question"], INSTRUCTION, extract_ground_truth(rec["answer"], where), extra)
 
 
 def main(argv=None) -> dict[str, str]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--local_dataset_path", default=None, help="directory (or file) with the train/test splits")
-    p.add_argument("--local_save_dir", default="~/data/gsm8k")
-    p.add_argument("--from_hub", action="store_true", help="download openai/gsm8k (config 'main') with `datasets`")
-    p.add_argument("--splits", nargs="+", default=["train", "test"])
-    args = p.parse_args(argv)
-    if (args.local_dataset_path is None) == (not args.from_hub):
-        p.error("give exactly one of --local_dataset_path DIR or --from_hub")
-    out_dir = os.path.expanduser(args.local_save_dir)
-    written = {}
-    for split in args.splits:
-        if args.from_hub:
-            records, source = load_from_hub("openai/gsm8k", "main", split), f"openai/gsm8k:{split}"
-        else:
-            source = find_split_file(args.local_dataset_path, split)
-            records = read_records(source)
-        path = os.path.join(out_dir, f"{split}.parquet")
-        write_parquet(convert(records, split, source), path)
-        written[split] = path
-        print(f"{split}: {len(records)} rows -> {path}")
-    return written
+    return run(argv, description=__doc__, default_save_dir="~/data/gsm8k", hub_name=DATA_SOURCE, hub_config="main",
+               required_columns=("question", "answer"), convert=convert)
 
 
 if __name__ == "__main__":

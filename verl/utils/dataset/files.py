@@ -50,23 +50,35 @@ def normalize_paths(data_files) -> list[str]:
 
 
 def read_file_rows(path: str) -> list[dict]:
-    """All rows of one parquet / jsonl file as dicts (``.json`` is read as JSON lines too)."""
+    """All rows of one parquet / jsonl file as dicts. A ``.json`` file may hold one JSON array of
+    objects or, like ``.jsonl``, one object per line."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
-    rows = []
     with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} (line {line_no + 1}): not valid JSON ({e.msg}); expected one object per line") from e
+        text = f.read()
+    if path.endswith(".json") and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} (line {e.lineno}): not a valid JSON array ({e.msg})") from e
+        for i, row in enumerate(rows):
             if not isinstance(row, dict):
-                raise ValueError(f"{path} (line {line_no + 1}): expected a JSON object per line, got {type(row).__name__}")
-            rows.append(row)
+                raise ValueError(f"{path} (row {i}): expected a JSON object per array element, got {type(row).__name__}")
+        return rows
+    rows = []
+    # split on "\n" only: str.splitlines would also cut at U+2028 etc., which JSON strings may hold raw
+    for line_no, line in enumerate(text.split("\n")):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} (line {line_no + 1}): not valid JSON ({e.msg}); expected one object per line") from e
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} (line {line_no + 1}): expected a JSON object per line, got {type(row).__name__}")
+        rows.append(row)
     return rows
 
 
