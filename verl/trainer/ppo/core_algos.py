@@ -1089,10 +1089,7 @@ def normalize_by_config(
             raise ValueError(f"normalisation {key}={level!r}; expected one of ['batch', 'group', None]")
 
     per_token = values.dim() == 2
-    if per_token:
-        valid = mask.bool() if mask is not None else torch.ones_like(values, dtype=torch.bool)
-    else:
-        valid = mask.bool() if mask is not None else torch.ones_like(values, dtype=torch.bool)
+    valid = mask.bool() if mask is not None else torch.ones_like(values, dtype=torch.bool)
     x = torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))
     w = valid.to(values.dtype)
     # per-response sums and counts of the elements entering the statistics
@@ -1377,14 +1374,17 @@ def compute_gae_advantage_return(
             turn_ids = turn_ids[..., -rewards.shape[-1] :]
         if unit == "turn" and turn_ids is None:
             raise ValueError("algorithm.gae_timestep_unit=turn needs `turn_ids` in the batch")
-        token_lengths = mask.sum(dim=-1)
-        turn_counts = _turn_counts(mask, turn_ids)
-        ctx = GAELambdaContext(
-            effective_token_lengths=token_lengths,
-            turn_counts=turn_counts,
-            timestep_lengths=turn_counts if unit == "turn" else token_lengths,
-        )
-        lam_value = resolve_gae_lambda(lam_spec, config_get(config, "lam_kwargs", {}), ctx)
+        if isinstance(lam_spec, (int, float)) and not isinstance(lam_spec, bool):
+            lam_value = float(lam_spec)  # a constant lambda needs no per-trajectory lengths
+        else:
+            token_lengths = mask.sum(dim=-1)
+            turn_counts = _turn_counts(mask, turn_ids)
+            ctx = GAELambdaContext(
+                effective_token_lengths=token_lengths,
+                turn_counts=turn_counts,
+                timestep_lengths=turn_counts if unit == "turn" else token_lengths,
+            )
+            lam_value = resolve_gae_lambda(lam_spec, config_get(config, "lam_kwargs", {}), ctx)
 
         if unit == "token":
             raw_adv = _token_gae(rewards, vals, mask, gamma, lam_value)

@@ -328,7 +328,7 @@ def compute_rollout_correction(
         weights, truncated = compute_rollout_is_weights(old_log_prob - rollout_log_prob, mask, level, threshold)
         weights = torch.where(keep, weights, torch.zeros_like(weights))
         metrics["rollout_corr/is_weight_mean"] = float(verl_F.masked_mean(weights, keep))
-        metrics["rollout_corr/is_weight_max"] = float(torch.where(keep, weights, torch.zeros_like(weights)).max()) if weights.numel() else 0.0
+        metrics["rollout_corr/is_weight_max"] = float(weights.max()) if weights.numel() else 0.0  # 0 where rejected
         metrics["rollout_corr/is_truncated_frac"] = float(verl_F.masked_mean((truncated & keep).float(), keep))
 
     new_mask = keep.to(response_mask.dtype)
