@@ -299,3 +299,31 @@ def test_dp_compute_pads_to_the_group_size_and_drops_the_padding():
     data = DataProto.from_dict(tensors={"x": torch.arange(8.0).unsqueeze(1)})
     out = dp_compute(ThreeWorkers(), "compute_ref_log_prob", data)
     assert out.batch["ref_log_prob"].squeeze(1).tolist() == [2.0 * i for i in range(8)]
+
+
+def test_validation_metrics_match_the_per_prompt_bootstrap():
+    # the vectorised statistics equal bootstrap_metric + calc_maj_val prompt by prompt (ties in
+    # the vote included: 4 answers over 3-5 samples), for groups of different sizes
+    from verl.trainer.ppo.metric_utils import bootstrap_metric, calc_maj_val
+
+    rng = np.random.default_rng(3)
+    sizes = [5, 3, 4, 1]
+    uids = [u for u, n in enumerate(sizes) for _ in range(n)]
+    reward = rng.random(len(uids)).round(2).tolist()
+    pred = rng.integers(0, 4, len(uids)).tolist()
+    out = process_validation_metrics(["d"] * len(uids), uids, {"reward": reward, "pred": pred}, n_bootstrap=200)["d"]["reward"]
+
+    expected: dict[str, list[float]] = {}
+    for u, n in enumerate(sizes):
+        rows = [i for i, x in enumerate(uids) if x == u]
+        vals = np.array([reward[i] for i in rows])
+        expected.setdefault(f"mean@{n}", []).append(vals.mean())
+        for k in sorted({2**p for p in range(1, int(np.log2(n)) + 1)} | {n}) if n > 1 else []:
+            (best, _), (worst, _) = bootstrap_metric(vals, k, [np.max, np.min], n_bootstrap=200)
+            samples = [{"pred": pred[i], "val": reward[i]} for i in rows]
+            [(maj, maj_std)] = bootstrap_metric(samples, k, [lambda d: calc_maj_val(d, "pred", "val")], n_bootstrap=200)
+            for name, v in ((f"best@{k}/mean", best), (f"worst@{k}/mean", worst), (f"maj@{k}/mean", maj), (f"maj@{k}/std", maj_std)):
+                expected.setdefault(name, []).append(v)
+    assert "maj@4/mean" in out and "best@5/mean" in out and "mean@1" in out
+    for name, vs in expected.items():
+        assert out[name] == pytest.approx(float(np.mean(vs)), abs=1e-12), name

@@ -116,13 +116,19 @@ def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------- validation
+def _bootstrap_indices(n: int, k: int, n_bootstrap: int, seed: int) -> np.ndarray:
+    """[n_bootstrap, k] draws with replacement from range(n): the indices `bootstrap_metric`
+    draws with the same seed (so both give the same numbers)."""
+    return np.random.default_rng(seed).integers(0, n, size=(n_bootstrap, k))
+
+
 def bootstrap_metric(data: Sequence[Any], subset_size: int, reduce_fns: Sequence[Callable[[np.ndarray], float]],
                      n_bootstrap: int = 1000, seed: int = 42) -> list[tuple[float, float]]:
     """Bootstrap estimate (mean, std) of each `reduce_fn` over random subsets of `subset_size`
-    drawn with replacement from `data` (e.g. best-of-k from n samples)."""
-    rng = np.random.default_rng(seed)
+    drawn with replacement from `data` (e.g. best-of-k from n samples). (Upstream helper;
+    `process_validation_metrics` computes the same numbers vectorised.)"""
     data = np.asarray(data, dtype=object)
-    idx = rng.integers(0, len(data), size=(n_bootstrap, subset_size))
+    idx = _bootstrap_indices(len(data), subset_size, n_bootstrap, seed)
     out = []
     for fn in reduce_fns:
         vals = np.array([fn(data[row]) for row in idx], dtype=np.float64)
@@ -141,15 +147,27 @@ def _numeric(values: list[Any]) -> bool:
     return all(isinstance(v, (int, float, bool, np.integer, np.floating)) and not isinstance(v, str) for v in values)
 
 
+def _majority_positions(codes: np.ndarray) -> np.ndarray:
+    """Per row of `codes` [S, k] (integer answer ids), the position of the first occurrence of
+    the answer with the most votes (ties: the answer seen first), as `calc_maj_val` picks it."""
+    counts = np.zeros((codes.shape[0], int(codes.max()) + 1), dtype=np.int64)  # [S, answers]
+    np.add.at(counts, (np.arange(codes.shape[0])[:, None], codes), 1)
+    votes = np.take_along_axis(counts, codes, axis=1)  # [S, k]: votes of each position's answer
+    return votes.argmax(axis=1)  # argmax returns the first position holding the maximum
+
+
 def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequence[Any],
-                               infos_dict: dict[str, list[Any]], seed: int = 42) -> dict[str, dict[str, dict[str, float]]]:
+                               infos_dict: dict[str, list[Any]], seed: int = 42,
+                               n_bootstrap: int = 1000) -> dict[str, dict[str, dict[str, float]]]:
     """Per data source, per variable, per statistic: `{ds: {var: {"mean@n": x, ...}}}`.
 
     Samples are grouped by `sample_uids` (the n responses to one prompt). For each numeric
     variable of `infos_dict` (e.g. `reward`, `acc`): `mean@n` and `std@n` (mean over prompts of
     the per-prompt mean / std of its n samples), and for n > 1 `best@k/mean`, `worst@k/mean`
     (bootstrap over k of the n samples, k = 2, 4, ..., n) and, when `infos_dict` has a `pred`
-    column, `maj@k/mean` (the variable of the majority-voted prediction).
+    column, `maj@k/mean` (the variable of the majority-voted prediction). The `/std` entries are
+    the bootstrap spreads. Same numbers as `bootstrap_metric` with `calc_maj_val`, vectorised:
+    the draws depend only on (n, k, seed), and the vote of a prompt is shared by its variables.
     """
     n_total = len(data_sources)
     for k, v in infos_dict.items():
@@ -158,35 +176,48 @@ def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequenc
     groups: dict[str, dict[Any, list[int]]] = defaultdict(lambda: defaultdict(list))
     for i, (ds, uid) in enumerate(zip(data_sources, sample_uids)):
         groups[ds][uid].append(i)
+    variables = {var: np.asarray(values, dtype=np.float64) for var, values in infos_dict.items()
+                 if var != "pred" and _numeric(values)}
+    preds = infos_dict.get("pred")
+    draws: dict[tuple[int, int], np.ndarray] = {}
 
     result: dict[str, dict[str, dict[str, float]]] = {}
     for ds, by_uid in groups.items():
-        result[ds] = {}
-        for var, values in infos_dict.items():
-            if var == "pred" or not _numeric(values):
-                continue
-            per_prompt: dict[str, list[float]] = defaultdict(list)
-            for uid, rows in by_uid.items():
-                vals = np.array([float(values[i]) for i in rows], dtype=np.float64)
-                n = len(vals)
-                per_prompt[f"mean@{n}"].append(vals.mean())
-                per_prompt[f"std@{n}"].append(vals.std() if n > 1 else 0.0)
-                if n > 1:
-                    ks = sorted({2**p for p in range(1, int(math.log2(n)) + 1)} | {n})
-                    for k in ks:
-                        (best, best_std), (worst, worst_std) = bootstrap_metric(vals, k, [np.max, np.min], seed=seed)
-                        per_prompt[f"best@{k}/mean"].append(best)
-                        per_prompt[f"best@{k}/std"].append(best_std)
-                        per_prompt[f"worst@{k}/mean"].append(worst)
-                        per_prompt[f"worst@{k}/std"].append(worst_std)
-                        if "pred" in infos_dict:
-                            samples = [{"pred": infos_dict["pred"][i], "val": float(values[i])} for i in rows]
-                            [(maj, maj_std)] = bootstrap_metric(
-                                samples, k, [lambda d: calc_maj_val(d, "pred", "val")], seed=seed
-                            )
-                            per_prompt[f"maj@{k}/mean"].append(maj)
-                            per_prompt[f"maj@{k}/std"].append(maj_std)
-            result[ds][var] = {name: float(np.mean(v)) for name, v in per_prompt.items()}
+        per_prompt: dict[str, dict[str, list[float]]] = {var: defaultdict(list) for var in variables}
+        for rows in by_uid.values():
+            n = len(rows)
+            ks = sorted({2**p for p in range(1, int(math.log2(n)) + 1)} | {n}) if n > 1 else []
+            codes = None
+            if preds is not None and ks:
+                answer_ids: dict[Any, int] = {}
+                codes = np.array([answer_ids.setdefault(preds[i], len(answer_ids)) for i in rows])
+            # per k: the bootstrap draws and, with predictions, the majority-voted position of each draw
+            boot = []
+            for k in ks:
+                idx = draws.get((n, k))
+                if idx is None:
+                    idx = draws[(n, k)] = _bootstrap_indices(n, k, n_bootstrap, seed)
+                maj_pick = None
+                if codes is not None:
+                    maj_pick = idx[np.arange(len(idx)), _majority_positions(codes[idx])]
+                boot.append((k, idx, maj_pick))
+            for var, all_values in variables.items():
+                vals = all_values[rows]
+                out = per_prompt[var]
+                out[f"mean@{n}"].append(vals.mean())
+                out[f"std@{n}"].append(vals.std() if n > 1 else 0.0)
+                for k, idx, maj_pick in boot:
+                    sub = vals[idx]
+                    best, worst = sub.max(axis=1), sub.min(axis=1)
+                    out[f"best@{k}/mean"].append(best.mean())
+                    out[f"best@{k}/std"].append(best.std())
+                    out[f"worst@{k}/mean"].append(worst.mean())
+                    out[f"worst@{k}/std"].append(worst.std())
+                    if maj_pick is not None:
+                        maj = vals[maj_pick]
+                        out[f"maj@{k}/mean"].append(maj.mean())
+                        out[f"maj@{k}/std"].append(maj.std())
+        result[ds] = {var: {name: float(np.mean(v)) for name, v in stats.items()} for var, stats in per_prompt.items()}
     return result
 
 
