@@ -327,3 +327,20 @@ def test_validation_metrics_match_the_per_prompt_bootstrap():
     assert "maj@4/mean" in out and "best@5/mean" in out and "mean@1" in out
     for name, vs in expected.items():
         assert out[name] == pytest.approx(float(np.mean(vs)), abs=1e-12), name
+
+
+def test_reward_extra_info_columns_hold_one_object_per_row():
+    # a scorer returning a list per response (equal lengths in one round, other lengths in the
+    # next): the column stays 1-D, so rounds of dynamic sampling can be concatenated
+    t = StubGenTrainer(DAPO, rounds=[])
+    t.use_rm = False
+
+    def batch_with_steps(steps):
+        t.reward_fn = lambda data, return_dict: {"reward_tensor": torch.zeros(len(data), 2),
+                                                  "reward_extra_info": {"steps": steps, "acc": [1.0] * len(data)}}
+        b = DataProto.from_dict(tensors={"responses": torch.zeros(len(steps), 2)})
+        return RayPPOTrainer.compute_reward(t, b, {}, {})
+
+    a, b = batch_with_steps([[1, 2], [3, 4]]), batch_with_steps([[5, 6, 7], [8, 9, 0]])
+    assert a.non_tensor_batch["steps"].shape == (2,) and a.non_tensor_batch["steps"][1] == [3, 4]
+    assert DataProto.concat([a, b]).non_tensor_batch["steps"][3] == [8, 9, 0]

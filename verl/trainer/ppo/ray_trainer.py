@@ -589,7 +589,11 @@ class RayPPOTrainer:
             scores, extra = compute_reward(batch, self.reward_fn)
         batch.batch["token_level_scores"] = scores
         for k, v in extra.items():
-            batch.non_tensor_batch[k] = np.array(v, dtype=object)
+            # one object per row (np.array would turn equal-length per-row lists into a 2-D array)
+            column = np.empty(len(v), dtype=object)
+            for i, x in enumerate(v):
+                column[i] = x
+            batch.non_tensor_batch[k] = column
         errs = extra.get("score_error")
         metrics["reward/score_errors"] = metrics.get("reward/score_errors", 0) + (int(sum(bool(e) for e in errs)) if errs else 0)
         return batch
