@@ -50,6 +50,16 @@ def test_last_boxed_and_remove_boxed():
     assert math_score.last_boxed_only_string(r"\boxed{unbalanced") is None
     assert math_score.last_boxed_only_string("no box") is None
     assert math_score.remove_boxed(r"\fbox{3}") == "3"
+    # model output is arbitrary: malformed or stray boxes are skipped, never an exception
+    assert math_score.last_boxed_only_string(r"\boxed{4} and then \boxed5 and {x}") == r"\boxed{4}"
+    assert math_score.last_boxed_only_string(r"answer \fbox 3 {y}") is None
+    assert math_score.last_boxed_only_string(r"\boxed{7} (the \boxed{ command") == r"\boxed{7}"
+    assert math_score.last_boxed_only_string(r"so \boxed {1/2} done") == r"\boxed{1/2}"
+    assert math_score.last_boxed_only_string(r"so $\boxed 5$ done") == r"\boxed 5"
+    assert math_score.last_boxed_only_string("\\boxed   ") is None
+    for text in (r"\boxed5 and {x}", r"answer \fbox 3 {y}", r"\boxed", r"\boxed{", "\\boxed $", r"}{\fbox}"):
+        assert math_score.compute_score(text, "5") == 0.0
+    assert math_score.compute_score(r"\boxed {5} (written with \boxed)", "5") == 1.0
 
 
 @pytest.mark.parametrize(
@@ -116,10 +126,18 @@ def test_math_uses_math_verify_when_importable(monkeypatch):
         ("", 0.0),
         ("<|end|>", 0.0),
         ("13a2", 0.0),
+        ("+132", 1.0),
+        ("9" * 5000, 0.0),  # longer than int()'s 4300-digit limit: scores 0, never raises
     ],
 )
 def test_toy_addition_scorer(response, expected):
     assert verl_toy.compute_score(response, "132") == expected
+
+
+def test_toy_scorer_canonical_integers():
+    assert verl_toy.compute_score("-0", "0") == 1.0 and verl_toy.compute_score("-007", "-7") == 1.0
+    assert verl_toy.compute_score("7", "-7") == 0.0 and verl_toy.compute_score("-7", "+7") == 0.0
+    assert verl_toy.extract_answer("1" + "0" * 5000) == "1" + "0" * 5000
 
 
 def test_toy_scorer_rejects_bad_ground_truth_and_unknown_task():

@@ -17,22 +17,45 @@ __all__ = ["compute_score", "last_boxed_only_string", "remove_boxed", "strip_str
 
 
 def last_boxed_only_string(text: str) -> str | None:
-    """The last ``\\boxed{...}`` (braces balanced) or ``\\boxed ...`` / ``\\fbox{...}`` in ``text``."""
-    idx = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if idx < 0:
+    """The last well-formed ``\\boxed{...}`` / ``\\fbox{...}`` (braces balanced) or ``\\boxed ...``
+    (up to the next ``$``) in ``text``; None when there is none.
+
+    Model output is arbitrary text: an occurrence that is not followed by a complete answer (a
+    stray ``\\boxed`` in prose, an unclosed brace) is skipped, so `remove_boxed` of the result
+    never fails.
+    """
+    end = len(text)
+    while True:
+        idx = max(text.rfind("\\boxed", 0, end), text.rfind("\\fbox", 0, end))
+        if idx < 0:
+            return None
+        found = _boxed_at(text, idx)
+        if found is not None:
+            return found
+        end = idx
+
+
+def _boxed_at(text: str, idx: int) -> str | None:
+    """The boxed expression starting at ``text[idx]`` (``\\boxed``/``\\fbox``), or None if incomplete."""
+    prefix = "\\boxed" if text.startswith("\\boxed", idx) else "\\fbox"
+    start = idx + len(prefix)
+    while start < len(text) and text[start] == " ":
+        start += 1
+    if start == len(text) or text[start] != "{":
+        if prefix == "\\boxed" and start > idx + len(prefix):
+            # "\boxed 5$" style: up to the next "$" or the end of the text
+            stop = text.find("$", start)
+            answer = text[start: len(text) if stop < 0 else stop].strip()
+            return "\\boxed " + answer if answer else None
         return None
-    if text.startswith("\\boxed ", idx):
-        # "\boxed 5$" style: up to the next "$" or end of text
-        rest = text[idx + len("\\boxed "):]
-        return "\\boxed " + rest.split("$")[0].strip()
     depth = 0
-    for j in range(idx, len(text)):
-        if text[j] == "{":
+    for k in range(start, len(text)):
+        if text[k] == "{":
             depth += 1
-        elif text[j] == "}":
+        elif text[k] == "}":
             depth -= 1
             if depth == 0:
-                return text[idx:j + 1]
+                return prefix + text[start:k + 1]
     return None  # unbalanced braces: no complete answer
 
 

@@ -30,7 +30,15 @@ def extract_answer(solution_str: str) -> str | None:
                 stripped = True
     if not _INTEGER.fullmatch(text):
         return None
-    return str(int(text))
+    return _canonical_integer(text)
+
+
+def _canonical_integer(text: str) -> str:
+    """``"+007"`` -> ``"7"``, ``"-0"`` -> ``"0"``: the same as ``str(int(text))`` but without int(),
+    which refuses strings of more than 4300 digits (a long generation must score 0, not raise)."""
+    negative = text.startswith("-")
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if negative and digits != "0" else digits
 
 
 def compute_score(solution_str: str, ground_truth, task: str = "addition") -> float:
@@ -44,4 +52,4 @@ def compute_score(solution_str: str, ground_truth, task: str = "addition") -> fl
     if not _INTEGER.fullmatch(truth):
         raise ValueError(f"verl_toy/{task}: ground truth must be an integer string, got {ground_truth!r}")
     answer = extract_answer(str(solution_str))
-    return 1.0 if answer is not None and answer == str(int(truth)) else 0.0
+    return 1.0 if answer is not None and answer == _canonical_integer(truth) else 0.0
