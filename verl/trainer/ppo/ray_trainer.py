@@ -663,8 +663,8 @@ class RayPPOTrainer:
     def can_skip_old_log_prob(self) -> bool:
         """True when the actor's first forward in `update_actor` computes exactly `old_log_probs`:
         one epoch over one mini-batch (the policy has not moved yet when each token is seen) and
-        nothing on the driver needs `old_log_probs` before the update (KL in reward, rollout
-        correction and the dynamic-sampling metric do)."""
+        nothing on the driver needs `old_log_probs` before the update (KL in reward and rollout
+        rejection sampling do)."""
         cfg = self.cfg
         one_mini = cfg.actor.ppo_mini_batch_size >= cfg.data.train_batch_size and cfg.actor.ppo_epochs == 1
         # rejection sampling needs the learner's log-probs before the loss denominators are known;
@@ -991,7 +991,11 @@ class RayPPOTrainer:
         torch.set_rng_state(state["rng"]["torch"])
         if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl_value") is not None:
             self.kl_ctrl_in_reward.value = float(state["kl_ctrl_value"])
-        for cb, s in zip(self.callbacks, state.get("callbacks", [])):
+        saved = state.get("callbacks", [])
+        if len(saved) != len(self.callbacks):
+            logger.warning("the checkpoint holds the state of %d callbacks but this run has %d; states are restored "
+                           "in order and the rest is left as constructed", len(saved), len(self.callbacks))
+        for cb, s in zip(self.callbacks, saved):
             cb.load_state_dict(s)
 
     def _save_checkpoint(self) -> str:

@@ -287,8 +287,6 @@ def validate_config(config: Any) -> ValidatedConfig:
     critic_pool = v.trainer.role_pools.get("critic")
     check_batch_sizes(v.data, actor, v.critic, rollout, v.n_workers, v.use_critic,
                       critic_workers=sum(critic_pool) if critic_pool else None)
-    if v.data.val_batch_size is not None and v.data.val_batch_size * rollout.val_kwargs.n < 1:
-        raise ValueError("data.val_batch_size must be >= 1")
     tr = v.trainer
     resolve_device(tr.device)
     check_backends_available(tr.logger)
