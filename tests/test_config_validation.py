@@ -134,3 +134,10 @@ def test_missing_local_files_are_named_before_anything_starts(tmp_path):
     existing = tmp_path / "train.parquet"
     existing.write_bytes(b"")
     validate_config(cfg("algorithm.adv_estimator=grpo", f"data.train_files=[{existing}]"))
+
+
+def test_remote_and_file_uris_are_checked_before_anything_starts():
+    with pytest.raises(NotImplementedError, match=r"actor_rollout_ref\.model\.path='hdfs://nn/models/x': remote storage"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=hdfs://nn/models/x"))
+    with pytest.raises(FileNotFoundError, match=r"data\.val_files='/no/such/val\.parquet'"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", "data.val_files=file:///no/such/val.parquet"))

@@ -314,11 +314,19 @@ def check_paths_exist(v: ValidatedConfig) -> None:
         checks.append(("critic.model.path", v.critic.model.path))
     if v.use_rm:
         checks.append(("reward_model.model.path", v.reward_model.model.path))
+    from verl.utils.fs import is_non_local
+
     for key, value in checks:
         values = value if isinstance(value, (list, tuple)) else [value]
         for item in values:
-            if item is None or "://" in str(item):  # null = embedded default; remote URIs are copied later
+            if item is None:  # null = the embedded default
                 continue
             item = str(item)
+            if is_non_local(item):
+                raise NotImplementedError(f"{key}={item!r}: remote storage is not supported; copy it to a local path first")
+            if item.startswith("file://"):
+                item = item[len("file://"):]
+            elif "://" in item:
+                continue  # another scheme: left to the loader that reads it
             if _is_local_path(item) and not os.path.exists(os.path.expanduser(item)):
                 raise FileNotFoundError(f"{key}={item!r}: no such file or directory (resolved from {os.getcwd()!r})")
