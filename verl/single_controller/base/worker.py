@@ -112,8 +112,6 @@ class Worker(WorkerHelper):
     `@register`. Properties: `rank`, `world_size`, `local_rank`; `get_master_addr_port()`.
     """
 
-    fused_worker_attr_name = "fused_worker_dict"
-
     def __init__(self, cuda_visible_devices: str | None = None) -> None:
         # `cuda_visible_devices` exists for upstream signature compatibility; Ray assigns devices.
         self._rank = _env_int("RANK", 0)

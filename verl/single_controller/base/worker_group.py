@@ -73,7 +73,6 @@ class ClassWithInitArgs:
         self.cls = cls
         self.args = args
         self.kwargs = kwargs
-        self.fused_worker_used = False
 
     def __call__(self) -> Any:
         return self.cls(*self.args, **self.kwargs)
@@ -87,12 +86,8 @@ class WorkerGroup:
     `_bind_worker_method`.
     """
 
-    fused_worker_execute_fn_name = "_fuw_execute"
-
     def __init__(self, resource_pool: ResourcePool | None, **kwargs) -> None:
-        self._is_init_with_detached_workers = resource_pool is None
-        self.fused_worker_used = False
-        self._procecss_dispatch_config = resource_pool() if resource_pool is not None else None
+        # `resource_pool` is part of the upstream signature; the backend subclass places the workers
         self._workers: list = []
         self._worker_names: list[str] = []
         # mesh name -> per-rank dp rank / collect flag, filled lazily by the nd dispatch mode
@@ -105,9 +100,6 @@ class WorkerGroup:
     @property
     def world_size(self) -> int:
         return len(self._workers)
-
-    def _is_worker_alive(self, worker) -> bool:
-        raise NotImplementedError
 
     def execute_all(self, method_name: str, *args, **kwargs):
         raise NotImplementedError

@@ -328,7 +328,6 @@ class RayWorkerGroup(WorkerGroup):
         self.call_timeout_s = call_timeout_s
         self.ready_timeout_s = float(ready_timeout_s if ready_timeout_s is not None else ray_wait_register_center_timeout)
         self.user_cls = _unwrap_actor_class(ray_cls_with_init.cls) if ray_cls_with_init is not None else None
-        self._detached = detached
         self._resource_pool = resource_pool
         if worker_names is not None or worker_handles is not None:
             if resource_pool is not None:
@@ -495,13 +494,6 @@ class RayWorkerGroup(WorkerGroup):
         return per_worker
 
     # ------------------------------------------------------------------ lifecycle and info
-
-    def _is_worker_alive(self, worker) -> bool:
-        try:
-            ray.get(worker.__ray_ready__.remote(), timeout=10)
-            return True
-        except Exception:
-            return False
 
     def kill_workers(self) -> None:
         """Kill this group's actors (all roles, for a colocated group)."""
