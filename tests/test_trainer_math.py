@@ -344,3 +344,23 @@ def test_reward_extra_info_columns_hold_one_object_per_row():
     a, b = batch_with_steps([[1, 2], [3, 4]]), batch_with_steps([[5, 6, 7], [8, 9, 0]])
     assert a.non_tensor_batch["steps"].shape == (2,) and a.non_tensor_batch["steps"][1] == [3, 4]
     assert DataProto.concat([a, b]).non_tensor_batch["steps"][3] == [8, 9, 0]
+
+
+def test_remax_baseline_is_scored_by_the_reward_model_when_there_is_one():
+    t = PromptWidthTrainer(["algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=2"], rounds=[])
+    t.use_rm = True
+
+    class FakeRM:
+        world_size = 1
+
+        def compute_rm_score(self, data):
+            return DataProto.from_dict(tensors={"rm_scores": torch.full(data.batch["responses"].shape, 0.5)})
+
+    t.rm_wg = FakeRM()
+    t.reward_fn = lambda data, return_dict: {
+        "reward_tensor": data.batch["rm_scores"] if "rm_scores" in data.batch.keys() else torch.zeros(len(data), 2)}
+    gen_in = DataProto.from_single_dict(next(left_padded_prompts([[2, 2, 3, 3]])))
+    gen_in.non_tensor_batch.pop("data_source")
+    batch = DataProto.from_dict(tensors={"x": torch.zeros(4)}, non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)})
+    out = RayPPOTrainer._remax_baseline(t, batch, gen_in)
+    assert out.batch["reward_baselines"].tolist() == [1.0] * 4  # 0.5 on each of the 2 response tokens

@@ -577,6 +577,8 @@ class RayPPOTrainer:
         )
         if "response_mask" not in scored.batch.keys():
             scored.batch["response_mask"] = compute_response_mask(scored)
+        if self.use_rm:  # the baseline is scored like the sampled responses
+            scored = scored.union(dp_compute(self.rm_wg, "compute_rm_score", scored))
         base, _ = compute_reward(scored, self.reward_fn)
         batch.batch["reward_baselines"] = base.sum(-1).repeat_interleave(n)
         return batch
@@ -712,7 +714,6 @@ class RayPPOTrainer:
         metrics.update(reduce_metrics(out.meta_info.get("metrics", {})))
 
     def update_actor(self, batch: DataProto, timing_raw: dict, metrics: dict) -> None:
-        batch.meta_info["multi_turn"] = False
         rc = self.cfg.algorithm.rollout_correction
         if rc.rollout_is is not None or rc.rollout_rs is not None:
             batch.meta_info["rollout_correction"] = rc.to_dict()
