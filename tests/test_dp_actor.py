@@ -68,6 +68,24 @@ def test_compute_log_prob_matches_plain_forward(tiny, use_remove_padding, temper
         assert actor.last_padding_stats["padding_waste"] < 0.25
 
 
+def test_logits_are_projected_only_from_the_first_response_predictor(tiny):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    actor, m = _actor(model)
+    assert actor._logits_to_keep  # transformers' Llama takes logits_to_keep
+    seen = []
+    handle = m.lm_head.register_forward_hook(lambda _mod, inp, _out: seen.append(inp[0].shape[1]))
+    try:
+        lp, _ = actor.compute_log_prob(_proto(batch, uid, micro_batch_size=8))
+    finally:
+        handle.remove()
+    widest = int(batch["attention_mask"].sum(-1).max())
+    assert seen and seen[0] < widest  # the prompt-only positions were not projected
+    actor._logits_to_keep = False
+    full, _ = actor.compute_log_prob(_proto(batch, uid, micro_batch_size=8))
+    torch.testing.assert_close(lp, full, atol=1e-5, rtol=0)
+
+
 def test_dynamic_batch_log_prob_matches_and_restores_order(tiny):
     _, tok, model = tiny
     batch, uid = _data(tok)
@@ -106,7 +124,7 @@ def _reference_step(model, batch, uid, mode, lr=1.0, entropy_coeff=0.0, kl_coef=
     return model
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"])
 def test_micro_batch_splits_give_the_same_update(tiny, mode):
     _, tok, model = tiny
     batch, uid = _data(tok)
@@ -118,7 +136,8 @@ def test_micro_batch_splits_give_the_same_update(tiny, mode):
         metrics = actor.update_policy(_proto(batch, uid, temperature=1.0))
         assert metrics["actor/nonfinite_loss_skipped"] == [0.0]
         for (name, p), q in zip(updated.named_parameters(), expected.parameters()):
-            torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=f"{mode} {split}: parameter {name} differs")
+            # the SGD step moves parameters by up to ~0.6: 5e-6 is fp32 rounding, a wrong share is >1e-2
+            torch.testing.assert_close(p, q, atol=5e-6, rtol=0, msg=f"{mode} {split}: parameter {name} differs")
 
 
 def test_first_update_has_ratio_one_and_no_clipping(tiny):

@@ -97,3 +97,29 @@ def test_missing_returns_is_named(value_model):
     critic, _ = _critic(model)
     with pytest.raises(KeyError, match="returns"):
         critic.update_critic(DataProto.from_dict(tensors=batch))
+
+
+def test_non_finite_loss_is_skipped_and_counted(value_model):
+    tok, model = value_model
+    batch = _batch(tok)
+    critic, updated = _critic(model, ppo_micro_batch_size_per_gpu=1)
+    batch["values"] = critic.compute_values(DataProto.from_dict(tensors=batch, meta_info={"micro_batch_size": 8}))
+    batch["returns"][0, 0] = float("nan")
+    metrics = critic.update_critic(DataProto.from_dict(tensors=dict(batch)))
+    assert metrics["critic/nonfinite_loss_skipped"] == [1.0]
+    assert metrics["critic/nonfinite_grad_skipped_steps"] == [0.0]
+    assert all(torch.isfinite(p).all() for p in updated.parameters())
+    # every micro-batch non-finite: no optimizer step at all (and no NaN in the parameters)
+    batch["returns"][:, 0] = float("nan")
+    before = [p.detach().clone() for p in updated.parameters()]
+    metrics = critic.update_critic(DataProto.from_dict(tensors=dict(batch)))
+    assert metrics["critic/nonfinite_loss_skipped"] == [8.0] and metrics["critic/nonfinite_grad_skipped_steps"] == [1.0]
+    assert all(torch.equal(a, b) for a, b in zip(before, updated.parameters()))
+
+
+def test_dynamic_batch_without_budget_is_named(value_model):
+    tok, model = value_model
+    batch = _batch(tok)
+    critic, _ = _critic(model)
+    with pytest.raises(ValueError, match="token budget"):
+        critic.compute_values(DataProto.from_dict(tensors=batch, meta_info={"use_dynamic_bsz": True, "max_token_len": None}))

@@ -19,7 +19,9 @@ from verl.utils.seqlen_balancing import (
     micro_batch_cost,
     padding_stats,
     plan_micro_batches,
+    plan_micro_batches_for_mask,
     rearrange_micro_batches,
+    response_outputs,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -89,6 +91,47 @@ def test_compact_rows_removes_padding_and_keeps_positions():
     assert packed.column_index[0, 5].item() == 3 and packed.column_index[2, 6].item() == 4
     full = compact_rows(ids[1:2, :5], mask[1:2, :5], pos[1:2, :5])
     assert full.attention_mask is None  # no padding left: models use pure causal attention
+
+
+def test_plan_for_mask_modes_and_missing_budget():
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 1, 1, 0], [1, 1, 1, 0]])
+    # fixed size, compacted: longest first; padded: consecutive rows
+    assert plan_micro_batches_for_mask(mask, micro_batch_size=2) == [[1, 3], [0, 2]]
+    assert plan_micro_batches_for_mask(mask, micro_batch_size=2, remove_padding=False) == [[0, 1], [2, 3]]
+    assert plan_micro_batches_for_mask(mask) == [[1, 3, 0, 2]]  # no size: one micro-batch
+    groups = plan_micro_batches_for_mask(mask, use_dynamic_bsz=True, max_token_len=6)
+    assert sorted(i for g in groups for i in g) == [0, 1, 2, 3] and len(groups) == 3
+    with pytest.raises(ValueError, match="token budget"):
+        plan_micro_batches_for_mask(mask, use_dynamic_bsz=True, max_token_len=None)
+
+
+@pytest.mark.parametrize("remove_padding", [True, False])
+def test_response_outputs_reads_the_predicting_positions_with_or_without_keep(remove_padding):
+    # prompt width 3 (left-padded), response width 3 (right-padded); a fake model whose output at
+    # position t is (position id, token id), so the read positions are visible
+    ids = torch.tensor([[4, 5, 6, 7, 8, 0], [4, 5, 6, 7, 0, 0], [0, 5, 6, 7, 8, 9]])
+    mask = (ids != 0).long()
+    pos = torch.clip(mask.cumsum(-1) - 1, min=0)
+    keeps = []
+
+    def forward(keep, *, input_ids, attention_mask, position_ids, truncate):
+        keeps.append(keep)
+        out = torch.stack([position_ids, input_ids], dim=-1)
+        return out[:, -keep:] if truncate else out
+
+    for truncate in (False, True):
+        out, valid, (n_valid, slots) = response_outputs(
+            lambda keep, **kw: forward(keep, truncate=truncate, **kw), ids, mask, pos, 3, remove_padding=remove_padding
+        )
+        assert valid.tolist() == [[True, True, False], [True, False, False], [True, True, True]]
+        # response token j is predicted by the token before it: (its position - 1, the previous id)
+        assert out[0, :2].tolist() == [[2, 6], [3, 7]]
+        assert out[1, :1].tolist() == [[2, 6]]
+        assert out[2].tolist() == [[1, 6], [2, 7], [3, 8]]
+        assert n_valid == int(mask.sum()) and slots == (3 * 5 if remove_padding else ids.numel())
+    # only the positions from the first response predictor on are asked for (compact width 5:
+    # row 2's first predictor is at 1; padded width 6: R + 1)
+    assert keeps[0] == 4
 
 
 # ---------------------------------------------------------------------------------------------

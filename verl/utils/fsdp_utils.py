@@ -11,6 +11,9 @@ Mixed precision is done with `torch.autocast` (see `autocast_context`), not FSDP
 `MixedPrecisionPolicy`, so the numerics are identical with and without the FSDP wrapper (world size
 1 and N give the same results). Master weights and optimizer state stay in `model_dtype`.
 
+Collectives of the engines (`dp_world_size`, `all_reduce_scalar`, `all_ranks_finite`) run on the
+group's backend device (cuda for nccl, cpu for gloo) and are no-ops with one process.
+
 Full state dicts use the `torch.distributed.checkpoint.state_dict` API (the one supported path for
 FSDP2 on CPU/gloo: rank 0 receives the full tensors on CPU).
 """
@@ -49,6 +52,10 @@ __all__ = [
     "autocast_context",
     "get_wrap_layer_classes",
     "cpu_has_fast_bf16",
+    "dp_world_size",
+    "collective_device",
+    "all_reduce_scalar",
+    "all_ranks_finite",
 ]
 
 logger = logging.getLogger(__name__)
@@ -162,6 +169,44 @@ def full_parameters(module: nn.Module) -> Iterator[nn.Module]:
             unit.reshard()
             # restore the policy chosen in apply_fsdp2 (True for units sharded elsewhere)
             unit.set_reshard_after_forward(getattr(unit, "_verl_reshard_after_forward", True), recurse=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# small collectives over a data-parallel group
+# ---------------------------------------------------------------------------------------------
+
+
+def dp_world_size(group=None) -> int:
+    """Number of ranks in `group` (the default group when None); 1 without torch.distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group)
+    return 1
+
+
+def collective_device(group=None) -> torch.device:
+    """Device of the tensors a collective over `group` takes: cuda for nccl, cpu otherwise."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_scalar(value, op=None, group=None, dtype: torch.dtype = torch.float64):
+    """`value` reduced over `group` with `op` (default SUM), as a python number of `dtype`'s kind.
+    With one rank the value is returned unchanged."""
+    if dp_world_size(group) == 1:
+        return value
+    t = torch.tensor([value], dtype=dtype, device=collective_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op, group=group)
+    return t.item()
+
+
+def all_ranks_finite(loss: torch.Tensor, group=None) -> bool:
+    """True when `loss` is finite on every rank of `group`. Every rank gets the same answer, so all
+    ranks take the same branch (a skipped backward on one rank only would hang FSDP's collectives)."""
+    finite = bool(torch.isfinite(loss).all())
+    if dp_world_size(group) == 1:
+        return finite
+    return bool(all_reduce_scalar(int(finite), dist.ReduceOp.MIN, group, dtype=torch.int64))
 
 
 # ---------------------------------------------------------------------------------------------

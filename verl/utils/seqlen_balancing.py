@@ -10,6 +10,8 @@ sorted by length, which keeps rows of similar length together and the waste
   rows per micro-batch or for a token budget per micro-batch (dynamic batch size). With a token
   budget every data-parallel rank must run the same number of forward/backward passes (FSDP
   collectives run inside them), so the count is agreed on with an all-reduce(max).
+- `plan_micro_batches_for_mask(attention_mask, ...)`: the engines' entry point (actor, critic,
+  reward model): per-row cost lengths from the attention mask, fixed size or token budget.
 - `rearrange_micro_batches(batch, max_token_len, ...)`: upstream-named wrapper over a TensorDict.
 - `get_reverse_idx(idx_map)`: the permutation that restores the original order.
 - `get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)`: split rows across DP
@@ -17,6 +19,8 @@ sorted by length, which keeps rows of similar length together and the waste
 - `compact_rows(...)`: remove every row's padding (left-padded prompt, right-padded response,
   any masked hole) and re-pad the rows on the right to the longest row of the micro-batch; the
   `CompactRows.column_index` map finds the original columns (e.g. the response tokens) again.
+- `response_outputs(forward, ...)`: run a model on one micro-batch (compacted or padded) and read
+  its per-position output (logits, values) at the positions that predict the response tokens.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from verl.utils.fsdp_utils import all_reduce_scalar
+
 __all__ = [
     "plan_micro_batches",
+    "plan_micro_batches_for_mask",
     "micro_batch_cost",
     "padding_stats",
     "rearrange_micro_batches",
@@ -40,6 +47,7 @@ __all__ = [
     "log_seqlen_unbalance",
     "CompactRows",
     "compact_rows",
+    "response_outputs",
 ]
 
 
@@ -107,13 +115,9 @@ def _groups_for_count(order: list[int], lengths: Sequence[int], count: int) -> l
 
 
 def _all_reduce_max(value: int, group=None) -> int:
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+    if not (dist.is_available() and dist.is_initialized()):
         return value
-    backend = dist.get_backend(group)
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return int(t.item())
+    return int(all_reduce_scalar(int(value), dist.ReduceOp.MAX, group, dtype=torch.int64))
 
 
 def plan_micro_batches(
@@ -176,6 +180,36 @@ def plan_micro_batches(
         bounds = [round(k * n / count) for k in range(count + 1)]
         return [list(range(bounds[k], bounds[k + 1])) for k in range(count)]
     return _groups_for_count(order, lengths, count)
+
+
+def plan_micro_batches_for_mask(
+    attention_mask: torch.Tensor,
+    micro_batch_size: int | None = None,
+    use_dynamic_bsz: bool = False,
+    max_token_len: int | None = None,
+    remove_padding: bool = True,
+    dp_group=None,
+) -> list[list[int]]:
+    """Micro-batches of the rows of one batch from its attention mask [n, W] (used by the engines).
+
+    The cost length of a row is its number of valid tokens when the engine compacts rows
+    (`remove_padding`), else the padded width W. With `use_dynamic_bsz` the micro-batches hold at
+    most `max_token_len` token slots and every rank of `dp_group` gets the same count; otherwise
+    they hold `micro_batch_size` rows (None: all rows at once), sorted by length when compacting.
+    """
+    if remove_padding:
+        lengths = attention_mask.sum(-1).tolist()
+    else:
+        lengths = [attention_mask.shape[-1]] * attention_mask.shape[0]
+    if use_dynamic_bsz:
+        if not max_token_len:
+            raise ValueError(
+                "use_dynamic_bsz=True needs a token budget per micro-batch "
+                "(ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu / forward_max_token_len_per_gpu)"
+            )
+        return plan_micro_batches(lengths, max_token_len=int(max_token_len), dp_group=dp_group)
+    size = int(micro_batch_size) if micro_batch_size else len(lengths)
+    return plan_micro_batches(lengths, micro_batch_size=max(size, 1), sort_by_length=remove_padding)
 
 
 def rearrange_micro_batches(
@@ -360,3 +394,50 @@ def compact_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position
     else:
         mask = (torch.arange(width, device=input_ids.device).unsqueeze(0) < lengths.unsqueeze(1)).to(attention_mask.dtype)
     return CompactRows(ids, mask, pos, lengths, column_index.clamp(min=0), valid)
+
+
+def response_outputs(
+    forward,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    pad_token_id: int = 0,
+    remove_padding: bool = True,
+):
+    """A model's per-position output at the positions that predict the response tokens.
+
+    Rows are a left-padded prompt followed by `response_length` right-padded response columns.
+    The output read for response token j is the one at the position *before* it (the logits that
+    predict it, the value of the state in which it is chosen).
+
+    Args:
+        forward: `forward(keep, input_ids=, attention_mask=, position_ids=)` returning a
+            per-position tensor [m, T, ...] (T = input width) or only its last `keep` positions
+            [m, keep, ...] (e.g. through transformers' `logits_to_keep`); `keep` covers every
+            position read here, so models may skip the others.
+        input_ids, attention_mask, position_ids: [m, P + R] padded micro-batch.
+        remove_padding: run on the compacted rows (`compact_rows`), else on the padded rows.
+    Returns:
+        outputs [m, R, ...]; valid [m, R] bool (a real response token with a predecessor: read
+        outputs only there); (valid tokens, token slots) of the forward.
+    """
+    prompt_width = input_ids.shape[-1] - response_length
+    valid = attention_mask[:, prompt_width:].bool()
+    if remove_padding:
+        packed = compact_rows(input_ids, attention_mask, position_ids, pad_token_id)
+        inputs = {"input_ids": packed.input_ids, "attention_mask": packed.attention_mask, "position_ids": packed.position_ids}
+        target = packed.column_index[:, prompt_width:] - 1
+        valid = valid & (target >= 0)
+        stats = (packed.valid_tokens, packed.token_slots)
+    else:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        target = torch.arange(prompt_width - 1, input_ids.shape[-1] - 1, device=input_ids.device).expand(input_ids.shape[0], -1)
+        stats = (int(attention_mask.sum()), input_ids.numel())
+    width = inputs["input_ids"].shape[-1]
+    first = int(target[valid].min()) if bool(valid.any()) else width - 1
+    out = forward(width - first, **inputs)
+    offset = width - out.shape[1]  # 0 when the forward returned every position
+    index = (target - offset).clamp(min=0, max=out.shape[1] - 1)
+    rows = torch.arange(index.shape[0], device=index.device).unsqueeze(1)
+    return out[rows, index], valid, stats

@@ -39,6 +39,7 @@ from verl.single_controller.base.worker import Worker
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import (
+    all_reduce_scalar,
     apply_fsdp2,
     build_lr_scheduler,
     build_optimizer,
@@ -122,15 +123,6 @@ def _normalize_mini_batch(owner: str, cfg, rollout_n: int, world_size: int, micr
                 f"(ppo_mini_batch_size {sequences // int(rollout_n)} x n {rollout_n} / {world_size} ranks) "
                 f"is not divisible by {owner}.{micro_key}={micro}"
             )
-
-
-def _max_across_ranks(value: float) -> float:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-        t = torch.tensor([value], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
-    return value
 
 
 class _OffloadMixin:
@@ -387,7 +379,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         self.rollout.resume()
         start = time.perf_counter()
         output = self.rollout.generate_sequences(prompts)
-        elapsed = _max_across_ranks(time.perf_counter() - start)
+        elapsed = float(all_reduce_scalar(time.perf_counter() - start, dist.ReduceOp.MAX))
         self.rollout.release()
         if self.actor_module is not None:
             self._offload(self.actor_module, None, self.actor_config.fsdp_config)

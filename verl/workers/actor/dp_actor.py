@@ -6,11 +6,14 @@ response: `input_ids`, `attention_mask`, `position_ids` are [b, P + R], `respons
 columns only ([b, R]); positions where the response mask is 0 hold 0.
 
 Padding is not computed. Each micro-batch is built from rows of similar length (rows sorted by
-valid length, see `verl.utils.seqlen_balancing.plan_micro_batches`), and each row's padding is
-removed (`compact_rows`): the model runs on [m, longest valid row of the micro-batch] with the
-original position ids, which is the same function of the valid tokens as the padded forward.
+valid length, see `verl.utils.seqlen_balancing.plan_micro_batches_for_mask`), and each row's
+padding is removed (`compact_rows`, through `response_outputs`): the model runs on
+[m, longest valid row of the micro-batch] with the original position ids, which is the same
+function of the valid tokens as the padded forward. Models that accept transformers'
+`logits_to_keep` project only the positions from the first response token on onto the vocabulary.
 `padding_waste` in the metrics is the share of computed token slots that are padding. With
-`use_remove_padding=False` the padded rows are fed as they are (reference path).
+`use_remove_padding=False` the padded rows are fed as they are (reference path). The critic
+(`dp_critic.py`) shares this machinery and the mini-batch helpers of this module.
 
 Temperature. The rollout samples from softmax(logits / T) and reports log-probs under that
 distribution; `compute_log_prob` and `update_policy` divide the logits by the same T
@@ -28,6 +31,7 @@ gradient whatever the micro-batch split and world size.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import defaultdict
 from typing import Any
@@ -38,8 +42,8 @@ import torch.distributed as dist
 
 import verl.utils.torch_functional as verl_F
 from verl.trainer.ppo import core_algos
-from verl.utils.fsdp_utils import autocast_context, clip_grad_norm_
-from verl.utils.seqlen_balancing import compact_rows, plan_micro_batches
+from verl.utils.fsdp_utils import all_ranks_finite, autocast_context, clip_grad_norm_, collective_device, dp_world_size
+from verl.utils.seqlen_balancing import plan_micro_batches_for_mask, response_outputs
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.rollout.base import logprob_temperature
 
@@ -50,18 +54,6 @@ logger = logging.getLogger(__name__)
 _MODEL_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
 
 
-def group_size(group) -> int:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(group)
-    return 1
-
-
-def reduce_device(group) -> torch.device:
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def global_loss_stats(response_mask: torch.Tensor, uid, group=None) -> core_algos.BatchLossStats:
     """Aggregation denominators of a mini-batch summed over the data-parallel ranks of `group`.
 
@@ -69,14 +61,14 @@ def global_loss_stats(response_mask: torch.Tensor, uid, group=None) -> core_algo
     by id (an all_gather_object of the per-rank counts), else two integers are all-reduced.
     """
     local = core_algos.compute_batch_loss_stats(response_mask, uid)
-    dp_size = group_size(group)
+    dp_size = dp_world_size(group)
     if dp_size == 1:
         return local
     if uid is not None:
         gathered = [None] * dp_size
         dist.all_gather_object(gathered, local, group=group)
         return core_algos.merge_batch_loss_stats(gathered)
-    t = torch.tensor([local.num_tokens, local.num_seqs], dtype=torch.int64, device=reduce_device(group))
+    t = torch.tensor([local.num_tokens, local.num_seqs], dtype=torch.int64, device=collective_device(group))
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return core_algos.BatchLossStats(num_tokens=int(t[0]), num_seqs=int(t[1]))
 
@@ -114,7 +106,7 @@ class StepMeter:
             rows.append([s["sum"].get(k, 0.0) for k in sum_names] + [s["wsum"].get(k, 0.0) for k in w_names] + [s["w"].get(k, 0.0) for k in w_names])
         table = torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros((0, 0), dtype=torch.float64)
         if dp_size > 1 and table.numel():
-            t = table.to(reduce_device(group))
+            t = table.to(collective_device(group))
             dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
             table = t.cpu()
         out: dict[str, list[float]] = defaultdict(list)
@@ -129,6 +121,38 @@ class StepMeter:
             for k, v in s["set"].items():
                 out[k].append(v)
         return dict(out)
+
+
+def mini_batch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
+    """Row order of one epoch: a permutation seeded by `seed + epoch` (the same on every rank), or
+    0..n-1."""
+    if shuffle:
+        return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed) + epoch))
+    return torch.arange(n)
+
+
+def clip_and_step(optimizer: torch.optim.Optimizer, params, grad_clip, meter: StepMeter, prefix: str) -> bool:
+    """End of a mini-batch: clip the gradients, record `<prefix>/grad_norm` and `<prefix>/lr`, and
+    take the optimizer step unless the norm is not finite (then the gradients are dropped).
+    Returns whether the step was taken."""
+    grad_norm = clip_grad_norm_(params, grad_clip)
+    meter.set(f"{prefix}/grad_norm", float(grad_norm))
+    meter.set(f"{prefix}/lr", optimizer.param_groups[0]["lr"])
+    if not torch.isfinite(grad_norm):
+        logger.warning("%s: grad norm is %s; optimizer step skipped", prefix, float(grad_norm))
+        optimizer.zero_grad(set_to_none=True)
+        return False
+    optimizer.step()
+    return True
+
+
+def accepts_logits_to_keep(module: torch.nn.Module) -> bool:
+    """Whether the model's forward takes transformers' `logits_to_keep` (compute the logits of the
+    last k positions only)."""
+    try:
+        return "logits_to_keep" in inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class DataParallelPPOActor(BasePPOActor):
@@ -160,11 +184,12 @@ class DataParallelPPOActor(BasePPOActor):
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.process_group = process_group
-        self.dp_size = group_size(process_group)
+        self.dp_size = dp_world_size(process_group)
         self.compute_dtype = compute_dtype
         self.use_remove_padding = use_remove_padding
         self.pad_token_id = int(pad_token_id or 0)
         self.last_padding_stats: dict[str, float] = {}
+        self._logits_to_keep = accepts_logits_to_keep(actor_module)
 
     # ------------------------------------------------------------------------------------------
     # forward
@@ -187,30 +212,22 @@ class DataParallelPPOActor(BasePPOActor):
         """
         device = self._device
         responses = micro["responses"].to(device)
-        input_ids = micro["input_ids"].to(device)
-        attention_mask = micro["attention_mask"].to(device)
-        position_ids = micro["position_ids"].to(device)
-        resp_len = responses.shape[-1]
-        prompt_width = input_ids.shape[-1] - resp_len
-        resp_valid = attention_mask[:, prompt_width:].bool()
+
+        def logits(keep, **inputs):
+            extra = {"logits_to_keep": keep} if self._logits_to_keep else {}
+            return self.actor_module(**inputs, use_cache=False, **extra).logits
 
         device_type = "cuda" if device.type == "cuda" else "cpu"
         with autocast_context(device_type, self.compute_dtype):
-            if self.use_remove_padding:
-                packed = compact_rows(input_ids, attention_mask, position_ids, self.pad_token_id)
-                logits = self.actor_module(
-                    input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids, use_cache=False
-                ).logits
-                # the logit that predicts the token at compact position t sits at t - 1
-                target = packed.column_index[:, prompt_width:] - 1
-                resp_valid = resp_valid & (target >= 0)
-                target = target.clamp(min=0)
-                resp_logits = torch.gather(logits, 1, target.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-                slots, valid_tokens = packed.token_slots, packed.valid_tokens
-            else:
-                logits = self.actor_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
-                resp_logits = logits[:, prompt_width - 1 : -1]
-                slots, valid_tokens = input_ids.numel(), int(attention_mask.sum())
+            resp_logits, resp_valid, (valid_tokens, slots) = response_outputs(
+                logits,
+                micro["input_ids"].to(device),
+                micro["attention_mask"].to(device),
+                micro["position_ids"].to(device),
+                responses.shape[-1],
+                self.pad_token_id,
+                self.use_remove_padding,
+            )
         resp_logits = resp_logits.float()
         if temperature != 1.0:
             resp_logits = resp_logits / temperature
@@ -227,17 +244,9 @@ class DataParallelPPOActor(BasePPOActor):
         return entropy, log_probs, (valid_tokens, slots)
 
     def _plan(self, batch, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None) -> list[list[int]]:
-        mask = batch["attention_mask"]
-        if self.use_remove_padding:
-            lengths = mask.sum(-1).tolist()
-        else:
-            lengths = [mask.shape[-1]] * mask.shape[0]
-        if use_dynamic_bsz:
-            if not max_token_len:
-                raise ValueError("use_dynamic_bsz=True needs a token budget (ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu)")
-            return plan_micro_batches(lengths, max_token_len=int(max_token_len), dp_group=self.process_group)
-        size = int(micro_batch_size) if micro_batch_size else len(lengths)
-        return plan_micro_batches(lengths, micro_batch_size=size, sort_by_length=self.use_remove_padding)
+        return plan_micro_batches_for_mask(
+            batch["attention_mask"], micro_batch_size, use_dynamic_bsz, max_token_len, self.use_remove_padding, self.process_group
+        )
 
     # ------------------------------------------------------------------------------------------
     # compute_log_prob
@@ -288,15 +297,6 @@ class DataParallelPPOActor(BasePPOActor):
 
     def _loss_stats(self, response_mask: torch.Tensor, uid) -> core_algos.BatchLossStats:
         return global_loss_stats(response_mask, uid, self.process_group)
-
-    def _all_finite(self, loss: torch.Tensor) -> bool:
-        finite = bool(torch.isfinite(loss).all())
-        if self.dp_size == 1:
-            return finite
-        # every rank must take the same branch: backward runs FSDP collectives
-        t = torch.tensor([1 if finite else 0], dtype=torch.int64, device=reduce_device(self.process_group))
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.process_group)
-        return bool(t.item())
 
     def update_policy(self, data) -> dict[str, list[float]]:
         """PPO update: `ppo_epochs` x mini-batches (one optimizer step each) x micro-batches.
@@ -388,11 +388,7 @@ class DataParallelPPOActor(BasePPOActor):
         valid_sum = slot_sum = 0
 
         for epoch in range(cfg.ppo_epochs):
-            if cfg.shuffle:
-                gen = torch.Generator().manual_seed(int(cfg.data_loader_seed) + epoch)
-                order = torch.randperm(n, generator=gen)
-            else:
-                order = torch.arange(n)
+            order = mini_batch_order(n, cfg.shuffle, cfg.data_loader_seed, epoch)
             for k in range(num_mini):
                 rows = order[k * mini : (k + 1) * mini]
                 mb = batch[rows]
@@ -463,7 +459,7 @@ class DataParallelPPOActor(BasePPOActor):
                             kl = core_algos.kl_penalty(log_prob, ref, cfg.kl_loss_type)
                             kl_term = core_algos.agg_loss(kl, mask, cfg.loss_agg_mode)
                             loss = loss + cfg.kl_loss_coef * kl_term
-                    if not self._all_finite(loss):
+                    if not all_ranks_finite(loss, self.process_group):
                         skipped_micro += 1
                         logger.warning("actor: non-finite loss in a micro-batch; skipped (not back-propagated)")
                         continue
@@ -486,15 +482,8 @@ class DataParallelPPOActor(BasePPOActor):
                     skipped_steps += 1
                     meter.set("actor/grad_norm", float("nan"))
                     continue
-                grad_norm = clip_grad_norm_(params, cfg.grad_clip)
-                meter.set("actor/grad_norm", float(grad_norm))
-                meter.set("actor/lr", self.actor_optimizer.param_groups[0]["lr"])
-                if not torch.isfinite(grad_norm):
+                if not clip_and_step(self.actor_optimizer, params, cfg.grad_clip, meter, "actor"):
                     skipped_steps += 1
-                    logger.warning("actor: grad norm is %s; optimizer step skipped", float(grad_norm))
-                    self.actor_optimizer.zero_grad(set_to_none=True)
-                    continue
-                self.actor_optimizer.step()
         self.actor_optimizer.zero_grad(set_to_none=True)
 
         metrics = meter.reduce(self.process_group, self.dp_size)

@@ -3,9 +3,12 @@
 The model is a token-classification head with one output over a causal-LM backbone
 (`verl.utils.model.build_value_model`): `logits[..., 0]` at position t is V(s_t). The value of
 response token j is read at the position *before* it (the state in which token j was chosen), the
-same convention as the log-probs. Micro-batches are length-sorted and padding-free like the actor's
-(`compact_rows`), and the clipped value loss is aggregated with `core_algos.global_batch_info`
-so gradient accumulation is exact for any micro-batch split and world size.
+same convention as the log-probs. Micro-batches are length-sorted and padding-free like the actor's,
+with the same machinery (`plan_micro_batches_for_mask`, `response_outputs`, and the mini-batch
+helpers of `dp_actor`), and the clipped value loss is aggregated with
+`core_algos.global_batch_info` so gradient accumulation is exact for any micro-batch split and
+world size. A micro-batch whose loss is not finite on any rank is skipped on every rank; a
+mini-batch whose gradient norm is not finite takes no optimizer step.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from verl.trainer.ppo import core_algos
-from verl.utils.fsdp_utils import autocast_context, clip_grad_norm_
-from verl.utils.seqlen_balancing import compact_rows, plan_micro_batches
-from verl.workers.actor.dp_actor import StepMeter, global_loss_stats, group_size, reduce_device
+from verl.utils.fsdp_utils import all_ranks_finite, autocast_context, collective_device, dp_world_size
+from verl.utils.seqlen_balancing import plan_micro_batches_for_mask, response_outputs
+from verl.workers.actor.dp_actor import StepMeter, clip_and_step, global_loss_stats, mini_batch_order
 from verl.workers.critic.base import BasePPOCritic
 
 __all__ = ["DataParallelPPOCritic"]
@@ -44,7 +47,7 @@ class DataParallelPPOCritic(BasePPOCritic):
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.process_group = process_group
-        self.dp_size = group_size(process_group)
+        self.dp_size = dp_world_size(process_group)
         self.compute_dtype = compute_dtype
         self.use_remove_padding = use_remove_padding
         self.pad_token_id = int(pad_token_id or 0)
@@ -57,37 +60,28 @@ class DataParallelPPOCritic(BasePPOCritic):
     def _forward_micro_batch(self, micro):
         """Values [m, R] of the response positions (0 where the response token is padding)."""
         device = self._device
-        responses = micro["responses"]
-        input_ids = micro["input_ids"].to(device)
-        attention_mask = micro["attention_mask"].to(device)
-        position_ids = micro["position_ids"].to(device)
-        resp_len = responses.shape[-1]
-        prompt_width = input_ids.shape[-1] - resp_len
-        resp_valid = attention_mask[:, prompt_width:].bool()
+
+        def values(keep, **inputs):
+            return self.critic_module(**inputs, use_cache=False).logits[..., 0]
+
         device_type = "cuda" if device.type == "cuda" else "cpu"
         with autocast_context(device_type, self.compute_dtype):
-            if self.use_remove_padding:
-                packed = compact_rows(input_ids, attention_mask, position_ids, self.pad_token_id)
-                out = self.critic_module(input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids, use_cache=False)
-                values = out.logits[..., 0]
-                target = packed.column_index[:, prompt_width:] - 1
-                resp_valid = resp_valid & (target >= 0)
-                values = torch.gather(values, 1, target.clamp(min=0))
-                stats = (packed.valid_tokens, packed.token_slots)
-            else:
-                out = self.critic_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-                values = out.logits[..., 0][:, prompt_width - 1 : -1]
-                stats = (int(attention_mask.sum()), input_ids.numel())
-        values = values.float()
-        return torch.where(resp_valid, values, torch.zeros((), dtype=values.dtype, device=values.device)), stats
+            vpreds, resp_valid, stats = response_outputs(
+                values,
+                micro["input_ids"].to(device),
+                micro["attention_mask"].to(device),
+                micro["position_ids"].to(device),
+                micro["responses"].shape[-1],
+                self.pad_token_id,
+                self.use_remove_padding,
+            )
+        vpreds = vpreds.float()
+        return torch.where(resp_valid, vpreds, torch.zeros((), dtype=vpreds.dtype, device=vpreds.device)), stats
 
     def _plan(self, batch, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
-        mask = batch["attention_mask"]
-        lengths = mask.sum(-1).tolist() if self.use_remove_padding else [mask.shape[-1]] * mask.shape[0]
-        if use_dynamic_bsz:
-            return plan_micro_batches(lengths, max_token_len=int(max_token_len), dp_group=self.process_group)
-        size = int(micro_batch_size) if micro_batch_size else len(lengths)
-        return plan_micro_batches(lengths, micro_batch_size=size, sort_by_length=self.use_remove_padding)
+        return plan_micro_batches_for_mask(
+            batch["attention_mask"], micro_batch_size, use_dynamic_bsz, max_token_len, self.use_remove_padding, self.process_group
+        )
 
     @torch.no_grad()
     def compute_values(self, data) -> torch.Tensor:
@@ -121,7 +115,8 @@ class DataParallelPPOCritic(BasePPOCritic):
         Batch keys: model inputs, `response_mask`, `values` (V_old from compute_values), `returns`.
         Returns metrics (one value per optimizer step): `critic/vf_loss`, `critic/vf_clipfrac`,
         `critic/vpred_mean`, `critic/vf_explained_var` (of the predictions before each step),
-        `critic/grad_norm`, `critic/lr`.
+        `critic/grad_norm`, `critic/lr`; `critic/nonfinite_loss_skipped` (micro-batches) and
+        `critic/nonfinite_grad_skipped_steps` (one value each for the whole call).
         """
         cfg = self.config
         micro_batch_size = cfg.ppo_micro_batch_size_per_gpu
@@ -148,9 +143,10 @@ class DataParallelPPOCritic(BasePPOCritic):
         meter = StepMeter()
         self.critic_module.train()
         params = [p for p in self.critic_module.parameters() if p.requires_grad]
+        skipped_micro = 0
         skipped_steps = 0
         for epoch in range(cfg.ppo_epochs):
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(int(cfg.data_loader_seed) + epoch)) if cfg.shuffle else torch.arange(n)
+            order = mini_batch_order(n, cfg.shuffle, cfg.data_loader_seed, epoch)
             for k in range(n // mini):
                 rows = order[k * mini : (k + 1) * mini]
                 mb = batch[rows]
@@ -159,6 +155,7 @@ class DataParallelPPOCritic(BasePPOCritic):
                 stats = global_loss_stats(mb["response_mask"], mb_uid, self.process_group)
                 self.critic_optimizer.zero_grad(set_to_none=True)
                 ev_sums = torch.zeros(5, dtype=torch.float64)  # n, sum r, sum r^2, sum d, sum d^2
+                contributed = 0
                 for group in self._plan(mb, micro_batch_size, use_dynamic_bsz, max_token_len):
                     micro = mb[torch.tensor(group, dtype=torch.long)]
                     mask = micro["response_mask"].to(self._device)
@@ -171,11 +168,12 @@ class DataParallelPPOCritic(BasePPOCritic):
                         vf_loss, vf_clipfrac = core_algos.compute_value_loss(
                             vpreds, returns, micro["values"].to(self._device), mask, cfg.cliprange_value, cfg.loss_agg_mode
                         )
-                    if not self._all_finite(vf_loss):
-                        logger.warning("critic: non-finite value loss in a micro-batch; skipped")
-                        meter.add_sum("critic/nonfinite_loss_skipped", 1.0 / self.dp_size)
+                    if not all_ranks_finite(vf_loss, self.process_group):
+                        skipped_micro += 1
+                        logger.warning("critic: non-finite value loss in a micro-batch; skipped (not back-propagated)")
                         continue
                     vf_loss.backward()
+                    contributed += 1
                     n_tok = float(mask.sum())
                     meter.add_sum("critic/vf_loss", vf_loss.item() / self.dp_size)
                     meter.add_weighted("critic/vf_clipfrac", float(vf_clipfrac), n_tok)
@@ -186,32 +184,22 @@ class DataParallelPPOCritic(BasePPOCritic):
                     d = r - v
                     ev_sums += torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum(), (r * r).sum(), d.sum(), (d * d).sum()])
                 meter.set("critic/vf_explained_var", self._explained_variance(ev_sums))
-                grad_norm = clip_grad_norm_(params, cfg.grad_clip)
-                meter.set("critic/grad_norm", float(grad_norm))
-                meter.set("critic/lr", self.critic_optimizer.param_groups[0]["lr"])
-                if not torch.isfinite(grad_norm):
+                if contributed == 0:
                     skipped_steps += 1
-                    logger.warning("critic: grad norm is %s; optimizer step skipped", float(grad_norm))
-                    self.critic_optimizer.zero_grad(set_to_none=True)
+                    meter.set("critic/grad_norm", float("nan"))
                     continue
-                self.critic_optimizer.step()
+                if not clip_and_step(self.critic_optimizer, params, cfg.grad_clip, meter, "critic"):
+                    skipped_steps += 1
         self.critic_optimizer.zero_grad(set_to_none=True)
         metrics = meter.reduce(self.process_group, self.dp_size)
+        metrics["critic/nonfinite_loss_skipped"] = [float(skipped_micro)]
         metrics["critic/nonfinite_grad_skipped_steps"] = [float(skipped_steps)]
         return metrics
-
-    def _all_finite(self, loss: torch.Tensor) -> bool:
-        finite = bool(torch.isfinite(loss).all())
-        if self.dp_size == 1:
-            return finite
-        t = torch.tensor([1 if finite else 0], dtype=torch.int64, device=reduce_device(self.process_group))
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.process_group)
-        return bool(t.item())
 
     def _explained_variance(self, sums: torch.Tensor) -> float:
         """1 - Var(returns - values) / Var(returns) over the valid tokens of all ranks."""
         if self.dp_size > 1:
-            t = sums.to(reduce_device(self.process_group))
+            t = sums.to(collective_device(self.process_group))
             dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
             sums = t.cpu()
         n, sr, srr, sd, sdd = (float(x) for x in sums)

@@ -21,7 +21,7 @@ import torch
 
 from verl.utils.fsdp_utils import autocast_context
 from verl.utils.model import compute_position_id_with_mask
-from verl.utils.seqlen_balancing import compact_rows, plan_micro_batches
+from verl.utils.seqlen_balancing import compact_rows, plan_micro_batches_for_mask
 
 __all__ = ["DataParallelRewardModel", "find_score_head"]
 
@@ -124,12 +124,16 @@ class DataParallelRewardModel:
             input_ids, attention_mask, position_ids = self._retemplate(data)
         else:
             input_ids, attention_mask, position_ids = data.batch["input_ids"], data.batch["attention_mask"], data.batch["position_ids"]
-        lengths = attention_mask.sum(-1).tolist() if self.use_remove_padding else [attention_mask.shape[1]] * attention_mask.shape[0]
-        if self.config.use_dynamic_bsz:
-            groups = plan_micro_batches(lengths, max_token_len=int(self.config.forward_max_token_len_per_gpu))
-        else:
-            groups = plan_micro_batches(lengths, micro_batch_size=int(self.config.micro_batch_size_per_gpu or len(lengths)))
-        scores = torch.zeros(len(lengths), dtype=torch.float32)
+        n = attention_mask.shape[0]
+        # the default process group: the reward model is sharded over the whole worker group
+        groups = plan_micro_batches_for_mask(
+            attention_mask,
+            self.config.micro_batch_size_per_gpu,
+            self.config.use_dynamic_bsz,
+            self.config.forward_max_token_len_per_gpu,
+            self.use_remove_padding,
+        )
+        scores = torch.zeros(n, dtype=torch.float32)
         was_training = self.reward_module.training
         self.reward_module.eval()
         try:
@@ -141,7 +145,7 @@ class DataParallelRewardModel:
         resp_mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else data.batch["attention_mask"][:, -resp_len:]
         last = (resp_mask.bool() * torch.arange(resp_len)).max(dim=1).values
         has_response = resp_mask.bool().any(dim=1)
-        rm_scores = torch.zeros((len(lengths), resp_len), dtype=torch.float32)
-        rows = torch.arange(len(lengths))
+        rm_scores = torch.zeros((n, resp_len), dtype=torch.float32)
+        rows = torch.arange(n)
         rm_scores[rows[has_response], last[has_response]] = scores[has_response]
         return rm_scores
