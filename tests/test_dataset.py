@@ -85,8 +85,13 @@ def test_item_is_left_padded_with_positions_and_passthrough_fields(tmp_path, tok
     assert item["ability"] == "arithmetic"
     assert item["index"] == 101
     assert "prompt" not in item
-    plain = RLHFDataset(path, tokenizer, CFG)[0]
+    assert type(item["raw_prompt_ids"]) is list and all(type(t) is int for t in item["raw_prompt_ids"])
+    assert item["input_ids"].dtype == torch.long
+    plain_ds = RLHFDataset(path, tokenizer, CFG)
+    plain = plain_ds[0]
     assert "raw_prompt" not in plain and "full_prompts" not in plain
+    # prompts are kept as int32 arrays (a list of Python ints costs ~36 bytes per token); no text copy
+    assert all(ids.dtype == np.int32 for ids in plain_ds._prompt_ids) and plain_ds._prompt_text == []
 
 
 def test_reads_jsonl_and_lists_of_files_and_index_falls_back_to_position(tmp_path, tokenizer):

@@ -109,7 +109,9 @@ class RLHFDataset(Dataset):
         self.data_files = data_files
         self.rows: list[dict] = []
         self.sources: list[RowSource] = []
-        self._prompt_ids: list[list[int]] = []
+        # token ids as int32 arrays: a Python list costs ~36 bytes per token (one int object each),
+        # which for a large prompt set is gigabytes; the template text is kept only when returned
+        self._prompt_ids: list[np.ndarray] = []
         self._prompt_text: list[str] = []
         self.num_filtered = 0
         filtered_examples: list[str] = []
@@ -130,8 +132,9 @@ class RLHFDataset(Dataset):
                     )
             self.rows.append(row)
             self.sources.append(src)
-            self._prompt_ids.append(ids)
-            self._prompt_text.append(text)
+            self._prompt_ids.append(np.asarray(ids, dtype=np.int32))
+            if self.return_full_prompt:
+                self._prompt_text.append(text)
         if self.num_filtered:
             logger.warning(
                 "RLHFDataset: dropped %d of %d prompts longer than max_prompt_length=%d (e.g. %s)",
@@ -163,7 +166,7 @@ class RLHFDataset(Dataset):
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return text, list(ids)
 
-    def _truncate(self, ids: list[int], src: RowSource) -> list[int]:
+    def _truncate(self, ids: np.ndarray, src: RowSource) -> np.ndarray:
         m = self.max_prompt_length
         if len(ids) <= m:
             return ids
@@ -173,7 +176,7 @@ class RLHFDataset(Dataset):
             return ids[:m]
         if self.truncation == "middle":
             left = m // 2
-            return ids[:left] + ids[len(ids) - (m - left):]
+            return np.concatenate([ids[:left], ids[len(ids) - (m - left):]])
         raise ValueError(f"{src}: prompt has {len(ids)} tokens, more than data.max_prompt_length={m}")
 
     def __len__(self) -> int:
@@ -188,14 +191,14 @@ class RLHFDataset(Dataset):
         attention_mask = torch.zeros(m, dtype=torch.long)
         position_ids = torch.zeros(m, dtype=torch.long)
         if n:
-            input_ids[m - n:] = torch.tensor(ids, dtype=torch.long)
+            input_ids[m - n:] = torch.from_numpy(ids)
             attention_mask[m - n:] = 1
             position_ids[m - n:] = torch.arange(n, dtype=torch.long)
         out = row
         out["input_ids"] = input_ids
         out["attention_mask"] = attention_mask
         out["position_ids"] = position_ids
-        out["raw_prompt_ids"] = ids
+        out["raw_prompt_ids"] = ids.tolist()
         if self.return_raw_chat:
             out["raw_prompt"] = messages
         if self.return_full_prompt:
