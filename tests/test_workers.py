@@ -142,6 +142,23 @@ def test_batch_size_divisibility_is_reported(tiny):
         ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor")
 
 
+def test_workers_do_not_modify_a_config_dataclass_passed_in(tiny):
+    from verl.workers.config import ActorConfig, CriticConfig
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+    path, _, _ = tiny
+    cfg = make_config(path)
+    actor_cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=False)
+    sections = {"model": cfg.actor_rollout_ref.model, "rollout": cfg.actor_rollout_ref.rollout, "ref": cfg.actor_rollout_ref.ref, "actor": actor_cfg}
+    first = ActorRolloutRefWorker(config=sections, role="actor")
+    second = ActorRolloutRefWorker(config=sections, role="actor")
+    assert actor_cfg.ppo_mini_batch_size == 4 and actor_cfg.loss_scale_factor is None
+    assert first.actor_config.ppo_mini_batch_size == second.actor_config.ppo_mini_batch_size == 8  # 4 prompts x n=2
+    critic_cfg = CriticConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=2)
+    CriticWorker(config=critic_cfg)
+    assert CriticWorker(config=critic_cfg).config.ppo_mini_batch_size == 8 and critic_cfg.ppo_mini_batch_size == 4
+
+
 def test_separate_rollout_copy_is_synced_and_checked(tiny):
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 

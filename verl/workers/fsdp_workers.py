@@ -26,6 +26,7 @@ in the output batch, with the usual metrics.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -94,8 +95,10 @@ def _setup_process(worker: Worker) -> str:
 
 
 def _to_dataclass(section, cls):
+    """The worker's own config object: workers rewrite fields (per-rank mini-batch sizes), so a
+    dataclass passed in is copied, never modified."""
     if isinstance(section, cls):
-        return section
+        return copy.deepcopy(section)
     return omega_conf_to_dataclass(section, cls)
 
 
@@ -225,6 +228,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         self.rollout = None
         self.ref_policy = None
         self.actor_module = None
+        self.ref_module = None
         self._weights_version = 0
         self._synced_version = -1
         # sampling randomness: a distinct, reproducible stream per rank (saved in checkpoints)
@@ -277,10 +281,10 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             self.rollout = self._build_rollout(path)
         if self._is_ref:
             ref_fsdp = self.ref_config.fsdp_config
-            ref_module = _build_fsdp_model(build_causal_lm, path, self.model_config, ref_fsdp, self.device_name, self.world_size, train=False)
+            self.ref_module = _build_fsdp_model(build_causal_lm, path, self.model_config, ref_fsdp, self.device_name, self.world_size, train=False)
             self.ref_policy = DataParallelPPOActor(
                 self.actor_config,
-                ref_module,
+                self.ref_module,
                 None,
                 compute_dtype=resolve_compute_dtype(ref_fsdp, self.device_name),
                 use_remove_padding=self.model_config.use_remove_padding,
@@ -288,6 +292,8 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             )
         if self._is_actor:
             self._offload(self.actor_module, self.actor_optimizer, fsdp_cfg)
+        if self._is_ref:
+            self._offload(self.ref_module, None, self.ref_config.fsdp_config)
 
     def _build_rollout(self, path: str):
         from verl.workers.rollout.base import get_rollout_class
@@ -429,7 +435,9 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
         rc = self.ref_config
         data = self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
+        self._load_to_device(self.ref_module, None, rc.fsdp_config)
         log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        self._offload(self.ref_module, None, rc.fsdp_config)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -585,7 +593,7 @@ def _same_tokenizer(a, b) -> bool:
     return a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
 
 
-class RewardModelWorker(Worker):
+class RewardModelWorker(Worker, _OffloadMixin):
     """Sequence-classification reward model: `init_model`, `compute_rm_score`.
 
     Args:
@@ -620,18 +628,21 @@ class RewardModelWorker(Worker):
             if not _same_tokenizer(policy_tok, self.rm_tokenizer):
                 input_tokenizer = policy_tok
         fsdp_cfg = self.config.fsdp_config
-        module = _build_fsdp_model(build_reward_model, mc.path, mc, fsdp_cfg, self.device_name, self.world_size, train=False)
+        self.rm_module = _build_fsdp_model(build_reward_model, mc.path, mc, fsdp_cfg, self.device_name, self.world_size, train=False)
         self.reward_model = DataParallelRewardModel(
             self.config,
-            module,
+            self.rm_module,
             rm_tokenizer=self.rm_tokenizer,
             input_tokenizer=input_tokenizer,
             compute_dtype=resolve_compute_dtype(fsdp_cfg, self.device_name),
             use_remove_padding=mc.use_remove_padding,
         )
+        self._offload(self.rm_module, None, fsdp_cfg)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """`rm_scores` [b, R]: the reward model's score at the last valid response token."""
+        self._load_to_device(self.rm_module, None, self.config.fsdp_config)
         scores = self.reward_model.compute_rm_score(data)
+        self._offload(self.rm_module, None, self.config.fsdp_config)
         return DataProto.from_dict(tensors={"rm_scores": scores})
