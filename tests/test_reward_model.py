@@ -81,5 +81,13 @@ def test_retemplating_with_a_different_reward_tokenizer(rm, tmp_path):
         ids = rm_tok(text, add_special_tokens=False)["input_ids"]
         n = int(batch["response_mask"][i].sum())
         assert scores[i, n - 1].item() == pytest.approx(_score_alone(model, ids), abs=1e-5)
+    # too long for max_length: the beginning is cut, the end (where the score is read) is kept
+    short = DataParallelRewardModel(RewardModelConfig(max_length=6), model, rm_tokenizer=rm_tok, input_tokenizer=tok)
+    scores = short.compute_rm_score(data)
+    for i in range(4):
+        ids = rm_tok(f"u={PROMPTS[i]}<eos>a={RESPONSES[i]}<eos>", add_special_tokens=False)["input_ids"]
+        n = int(batch["response_mask"][i].sum())
+        assert len(ids) > 6
+        assert scores[i, n - 1].item() == pytest.approx(_score_alone(model, ids[-6:]), abs=1e-5)
     with pytest.raises(KeyError, match="return_raw_chat"):
         engine.compute_rm_score(DataProto.from_dict(tensors=batch))

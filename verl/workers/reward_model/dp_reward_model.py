@@ -9,7 +9,9 @@ valid response position of `rm_scores` [b, R] (zeros elsewhere), like a rule-bas
 When the reward model's tokenizer differs from the policy's (`reward_model.model.input_tokenizer`),
 each response is decoded with the policy tokenizer, appended to the original chat
 (`non_tensor_batch["raw_prompt"]`, from `data.return_raw_chat=True`) as an assistant message,
-re-rendered with the reward model's chat template and re-tokenized.
+re-rendered with the reward model's chat template and re-tokenized; a sequence longer than
+`reward_model.max_length` (default: the policy batch's width) loses its beginning, never the
+response end where the score is read (a warning counts them).
 """
 
 from __future__ import annotations
@@ -104,16 +106,25 @@ class DataParallelRewardModel:
             answer = self.input_tokenizer.decode(ids, skip_special_tokens=True)
             chat = list(raw[i].tolist() if isinstance(raw[i], np.ndarray) else raw[i]) + [{"role": "assistant", "content": answer}]
             texts.append(self.rm_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False))
-        max_length = self.config.max_length or data.batch["input_ids"].shape[1]
-        tok = self.rm_tokenizer
-        old_side = tok.padding_side
-        tok.padding_side = "left"
-        try:
-            enc = tok(texts, add_special_tokens=False, padding=True, truncation=True, max_length=int(max_length), return_tensors="pt")
-        finally:
-            tok.padding_side = old_side
-        mask = enc["attention_mask"]
-        return enc["input_ids"], mask, compute_position_id_with_mask(mask)
+        max_length = int(self.config.max_length or data.batch["input_ids"].shape[1])
+        rows = self.rm_tokenizer(texts, add_special_tokens=False)["input_ids"]
+        truncated = sum(len(r) > max_length for r in rows)
+        if truncated:
+            # the score is read at the last token: keep the end of the conversation, drop its start
+            logger.warning(
+                "reward model: %d of %d re-templated sequences exceed reward_model.max_length=%d tokens; their beginning is cut",
+                truncated, len(rows), max_length,
+            )
+        rows = [r[-max_length:] for r in rows]
+        width = max(len(r) for r in rows)
+        pad_id = self.rm_tokenizer.pad_token_id or 0
+        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding
+            if r:
+                input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+                mask[i, width - len(r) :] = 1
+        return input_ids, mask, compute_position_id_with_mask(mask)
 
     @torch.no_grad()
     def compute_rm_score(self, data) -> torch.Tensor:
