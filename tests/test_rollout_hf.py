@@ -202,11 +202,11 @@ def test_meta_seed_makes_sampling_reproducible_and_dropping_rows_is_exact(tiny):
     lengths = a.batch["response_mask"].sum(-1)
     assert (lengths <= 6).sum() >= 8
     # ... and every row is still exactly what decoding it alone gives
+    full = _rollout(model, do_sample=False).generate_sequences(_prompts(tok, PROMPTS * 4)).batch["responses"]
     for i in (0, 5, 17, 30):
         one = _prompts(tok, [(PROMPTS * 4)[i]])
         single = _rollout(model, do_sample=False).generate_sequences(one).batch["responses"][0]
-        full = _rollout(model, do_sample=False).generate_sequences(_prompts(tok, PROMPTS * 4)).batch["responses"][i]
-        assert torch.equal(single, full)
+        assert torch.equal(single, full[i])
 
 
 def test_greedy_with_temperature_zero_matches_learner(tiny):
@@ -220,3 +220,14 @@ def test_greedy_with_temperature_zero_matches_learner(tiny):
     mask = out.batch["response_mask"].bool()
     assert torch.isfinite(lp).all()
     assert (lp - out.batch["rollout_log_probs"])[mask].abs().max() < 1e-5
+
+
+def test_prefill_projects_only_the_last_position(tiny):
+    _, tok, model = tiny
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda _mod, inp, _out: seen.append(inp[0].shape[1]))
+    try:
+        _rollout(model, do_sample=False, response_length=3).generate_sequences(_prompts(tok))
+    finally:
+        handle.remove()
+    assert seen and set(seen) == {1}  # prefill and decoding steps: one position each

@@ -7,6 +7,7 @@ Every builder takes a local directory or hub name; `None` selects the embedded d
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "get_model_size",
     "print_model_size",
     "torch_dtype_from_name",
+    "accepts_logits_to_keep",
 ]
 
 logger = logging.getLogger(__name__)
@@ -198,3 +200,12 @@ def get_model_size(model: torch.nn.Module, scale: str = "auto") -> tuple[float, 
 def print_model_size(model: torch.nn.Module, name: str | None = None) -> None:
     n, scale = get_model_size(model)
     print(f"{name or type(model).__name__} contains {n:.2f}{scale} parameters")
+
+
+def accepts_logits_to_keep(module: torch.nn.Module) -> bool:
+    """Whether the model's forward takes transformers' `logits_to_keep` (project only the last k
+    positions onto the vocabulary)."""
+    try:
+        return "logits_to_keep" in inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return False

@@ -31,7 +31,6 @@ gradient whatever the micro-batch split and world size.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections import defaultdict
 from typing import Any
@@ -43,6 +42,7 @@ import torch.distributed as dist
 import verl.utils.torch_functional as verl_F
 from verl.trainer.ppo import core_algos
 from verl.utils.fsdp_utils import all_ranks_finite, autocast_context, clip_grad_norm_, collective_device, dp_world_size
+from verl.utils.model import accepts_logits_to_keep
 from verl.utils.seqlen_balancing import plan_micro_batches_for_mask, response_outputs
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.rollout.base import logprob_temperature
@@ -144,15 +144,6 @@ def clip_and_step(optimizer: torch.optim.Optimizer, params, grad_clip, meter: St
         return False
     optimizer.step()
     return True
-
-
-def accepts_logits_to_keep(module: torch.nn.Module) -> bool:
-    """Whether the model's forward takes transformers' `logits_to_keep` (compute the logits of the
-    last k positions only)."""
-    try:
-        return "logits_to_keep" in inspect.signature(type(module).forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class DataParallelPPOActor(BasePPOActor):

@@ -28,6 +28,7 @@ import inspect
 import torch
 
 from verl.utils.fsdp_utils import autocast_context, full_parameters
+from verl.utils.model import accepts_logits_to_keep
 from verl.workers.rollout.base import BaseRollout, assemble_rollout_output, eos_id_list, logprob_temperature, register_rollout
 
 __all__ = ["HFRollout", "filter_logits_top_k_top_p"]
@@ -157,16 +158,20 @@ class HFRollout(BaseRollout):
         """Forward the prompts once per distinct prompt; return last-position logits and the cache
         expanded to every row."""
         b = input_ids.shape[0]
+        # only the last position's logits are needed (a [b, P, V] tensor otherwise)
+        last_only = {"logits_to_keep": 1} if accepts_logits_to_keep(self.module) else {}
         key = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
         uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
         if uniq.shape[0] < b:
             first = torch.full((uniq.shape[0],), b, dtype=torch.long, device=input_ids.device)
             first = first.scatter_reduce(0, inverse, torch.arange(b, device=input_ids.device), reduce="amin")
-            out = self.module(input_ids=input_ids[first], attention_mask=attention_mask[first], position_ids=position_ids[first], use_cache=True)
+            out = self.module(
+                input_ids=input_ids[first], attention_mask=attention_mask[first], position_ids=position_ids[first], use_cache=True, **last_only
+            )
             cache = self._out_cache(out)
             cache.reorder_cache(inverse)
             return out.logits[:, -1, :].float()[inverse], cache
-        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **last_only)
         return out.logits[:, -1, :].float(), self._out_cache(out)
 
     def _generate_chunk(self, input_ids, attention_mask, position_ids, resp_len: int, params: dict, eos_ids: list[int], pad_id: int, generator=None):
@@ -202,12 +207,12 @@ class HFRollout(BaseRollout):
                 alive = ~finished
                 if eos is not None:
                     finished = finished | torch.isin(tok, eos)
-                if t == resp_len - 1 or bool(finished.all()):
+                n_done = int(finished.sum())  # the one host sync of a decoding step
+                if t == resp_len - 1 or n_done == finished.numel():
                     break
                 # the token just generated is attended to if it was generated while alive (EOS too)
                 mask = torch.cat([mask, alive.to(mask.dtype).unsqueeze(1)], dim=1)
                 last_pos = last_pos + 1
-                n_done = int(finished.sum())
                 if n_done and n_done * 4 >= finished.numel():
                     # drop finished rows once a quarter of the batch is done: later steps cost less
                     keep = (~finished).nonzero().squeeze(1)
