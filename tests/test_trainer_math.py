@@ -364,3 +364,35 @@ def test_remax_baseline_is_scored_by_the_reward_model_when_there_is_one():
     batch = DataProto.from_dict(tensors={"x": torch.zeros(4)}, non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)})
     out = RayPPOTrainer._remax_baseline(t, batch, gen_in)
     assert out.batch["reward_baselines"].tolist() == [1.0] * 4  # 0.5 on each of the 2 response tokens
+
+
+class FitStub(RayPPOTrainer):
+    """The real `fit()` with checkpoint loading, validation and batch collection scripted."""
+
+    def __init__(self, tmp_path, overrides, resumed_step=0):
+        self.config = load_default_config(["trainer.logger=[file]", f"trainer.log_dir={tmp_path}", "trainer.plot=False",
+                                           "trainer.peak_flops_per_worker=1e9", "trainer.total_training_steps=3"] + overrides)
+        self.cfg = validate_config(self.config)
+        self.callbacks, self.global_steps, self.epoch, self.total_training_steps = [], 0, 0, 3
+        self.val_reward_fn, self.device_name, self.resumed_step, self.trained = object(), "cpu", resumed_step, 0
+
+    def _load_checkpoint(self):
+        self.global_steps = self.resumed_step
+        return self.global_steps
+
+    def _validate(self):
+        return {"val-core/t/reward/mean@1": float(self.global_steps)}
+
+    def collect_batch(self, prompts, timing_raw, metrics):
+        self.trained += 1
+        return None  # a skipped step: nothing else of the loop runs
+
+    def _prompt_stream(self):
+        return iter(())
+
+
+@pytest.mark.parametrize("overrides, resumed", [([], 0), (["trainer.val_before_train=False"], 0), ([], 2)])
+def test_val_only_validates_the_restored_policy_and_never_trains(tmp_path, overrides, resumed):
+    t = FitStub(tmp_path, ["trainer.val_only=True"] + overrides, resumed_step=resumed)
+    assert t.fit() == {"val-core/t/reward/mean@1": float(resumed)}
+    assert t.trained == 0 and t.global_steps == resumed

@@ -44,7 +44,8 @@ class TrainerConfig(BaseConfig):
     - `balance_batch`: reorder each batch so every data-parallel worker gets a similar number of
       tokens.
     - `val_before_train`: validate once before the first step.
-    - `val_only`: validate and stop (no training).
+    - `val_only`: validate the policy (the restored checkpoint when one is resumed, else the
+      initial model) and stop, whatever `val_before_train` says; no training.
     - `critic_warmup`: steps that train only the critic before the actor starts to update.
     - `resume_from_path`: the `global_step_N` directory to load with `resume_mode=resume_path`.
     - `default_local_dir`: where `global_step_N` checkpoints are written.

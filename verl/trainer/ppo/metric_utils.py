@@ -254,7 +254,10 @@ def peak_flops_per_worker(device: str) -> float | None:
 
 
 def count_model_params(model_path: str, trust_remote_code: bool = False) -> int | None:
-    """Parameters of the causal LM at `model_path`, counted on the meta device (no weights read)."""
+    """Parameters of the causal LM at `model_path`, counted on the meta device (no weights read);
+    None when unknown."""
+    if not model_path:
+        return None
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
 

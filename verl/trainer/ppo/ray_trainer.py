@@ -748,12 +748,13 @@ class RayPPOTrainer:
             cb.on_fit_start(self)
 
         last_val: dict[str, float] = {}
-        if self.val_reward_fn is not None and tr.val_before_train and self.global_steps == 0:
+        # val_only validates the restored (or initial) policy and never trains
+        if self.val_reward_fn is not None and (tr.val_only or (tr.val_before_train and self.global_steps == 0)):
             last_val = self._validate()
             self.tracking.log(last_val, step=self.global_steps)
-            if tr.val_only:
-                self._finish()
-                return last_val
+        if tr.val_only:
+            self._finish()
+            return last_val
 
         bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training",
                    disable="console" not in tr.logger, dynamic_ncols=True)
