@@ -170,6 +170,29 @@ def test_use_current_as_old_log_prob_equals_recomputed_old(tiny):
     assert metrics1["actor/pg_loss"][0] == pytest.approx(metrics2["actor/pg_loss"][0], abs=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["token-mean", "prompt-mean"])
+def test_use_current_with_rollout_is_weights_equals_recomputed_old(tiny, mode):
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    g = torch.Generator().manual_seed(1)
+    rollout_lp = reference_log_probs(model, batch) - 0.3 * torch.rand(batch["responses"].shape, generator=g) * batch["response_mask"]
+    batch["rollout_log_probs"] = rollout_lp
+    rc = {"rollout_is": "token", "rollout_is_threshold": 1.1, "rollout_rs": None}  # some weights truncated
+    a1, m1 = _actor(model, loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=4)
+    old, _ = a1.compute_log_prob(_proto(batch, uid, micro_batch_size=8))
+    metrics1 = a1.update_policy(_proto(dict(batch, old_log_probs=old), uid, rollout_correction=rc))
+    a2, m2 = _actor(model, loss_agg_mode=mode, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=24)
+    metrics2 = a2.update_policy(_proto(batch, uid, rollout_correction=rc, use_current_as_old_log_prob=True))
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(p, q, atol=5e-6, rtol=0)
+    for name in ("rollout_corr/is_weight_mean", "rollout_corr/is_truncated_frac"):
+        assert metrics2[name][0] == pytest.approx(metrics1[name][0], rel=1e-5)
+    assert 0 < metrics1["rollout_corr/is_truncated_frac"][0] < 1
+    # the shortcut replaces compute_log_prob, so it reports the mismatch under that pass's names
+    assert metrics2["rollout_mismatch/kl_k1"][0] == pytest.approx(metrics1["rollout_corr/kl_k1"][0], rel=1e-5)
+    assert not any(k.startswith("rollout_mismatch/") for k in metrics1)
+
+
 def test_use_current_rejects_several_mini_batches(tiny):
     _, tok, model = tiny
     batch, uid = _data(tok)

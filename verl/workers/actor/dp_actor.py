@@ -391,8 +391,6 @@ class DataParallelPPOActor(BasePPOActor):
                     mb["response_mask"] = new_mask.to(mb["response_mask"].dtype)
                     if weights is not None:
                         mb["rollout_is_weights"] = weights
-                elif has_rollout_lp and not use_current and epoch == 0:
-                    rc_metrics = _mismatch_metrics(mb["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"])
                 stats = self._loss_stats(mb["response_mask"], mb_uid if prompt_mean else None)
                 groups = self._plan(mb, micro_batch_size, use_dynamic_bsz, max_token_len)
                 self.actor_optimizer.zero_grad(set_to_none=True)
@@ -414,12 +412,14 @@ class DataParallelPPOActor(BasePPOActor):
                         old_log_prob = micro["old_log_probs"].to(self._device)
                     advantages = micro["advantages"].to(self._device)
                     weights = micro["rollout_is_weights"].to(self._device) if "rollout_is_weights" in micro.keys() else None
-                    if use_current and rc_config is not None and weights is None:
-                        weights, _, micro_rc = _rollout_correction(old_log_prob, micro["rollout_log_probs"].to(self._device), mask, rc_config)
+                    if use_current and has_rollout_lp:
+                        rollout_lp = micro["rollout_log_probs"].to(self._device)
+                        # compute_log_prob did not run: report the mismatch under its names
+                        micro_rc = _mismatch_metrics(old_log_prob, rollout_lp, mask)
+                        if rc_config is not None and weights is None:
+                            weights, _, rc_only = _rollout_correction(old_log_prob, rollout_lp, mask, rc_config)
+                            micro_rc.update(rc_only)
                         for name, value in micro_rc.items():
-                            meter.add_weighted(name, value, n_tok)
-                    elif use_current and has_rollout_lp:
-                        for name, value in _mismatch_metrics(old_log_prob, micro["rollout_log_probs"].to(self._device), mask).items():
                             meter.add_weighted(name, value, n_tok)
 
                     info = core_algos.make_global_batch_info(
@@ -496,6 +496,7 @@ def _rollout_correction(old_log_prob, rollout_log_prob, response_mask, rc_config
 
 
 def _mismatch_metrics(old_log_prob, rollout_log_prob, response_mask) -> dict[str, float]:
+    """`rollout_mismatch/*`, the names the worker's compute_log_prob reports them under."""
     from verl.trainer.ppo.rollout_corr_helper import compute_mismatch_metrics
 
-    return compute_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask)
+    return compute_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask, prefix="rollout_mismatch/")
