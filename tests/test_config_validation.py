@@ -141,3 +141,26 @@ def test_remote_and_file_uris_are_checked_before_anything_starts():
         validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=hdfs://nn/models/x"))
     with pytest.raises(FileNotFoundError, match=r"data\.val_files='/no/such/val\.parquet'"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "data.val_files=file:///no/such/val.parquet"))
+
+
+def test_callbacks_are_checked_before_anything_starts(tmp_path):
+    f = tmp_path / "my_callbacks_for_config_test.py"
+    f.write_text(textwrap.dedent(
+        """
+        from verl.trainer.ppo.ray_trainer import TrainerCallback
+
+        class Good(TrainerCallback):
+            pass
+
+        class NotACallback:
+            pass
+        """
+    ))
+    v = validate_config(cfg("algorithm.adv_estimator=grpo", f"trainer.callbacks=[{f}:Good]"))
+    assert v.trainer.callbacks == [f"{f}:Good"]
+    with pytest.raises(ValueError, match=r"trainer\.callbacks entry='Good' must look like 'path/to/file\.py:Name'"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", "trainer.callbacks=[Good]"))
+    with pytest.raises(AttributeError, match=r"defines no 'Missing'"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", f"trainer.callbacks=[{f}:Missing]"))
+    with pytest.raises(TypeError, match=r"NotACallback.*not a subclass of .*TrainerCallback"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", f"trainer.callbacks=[{f}:NotACallback]"))

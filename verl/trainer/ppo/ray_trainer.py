@@ -64,9 +64,9 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.reward import compute_reward
 from verl.trainer.ppo.utils import Role, ValidatedConfig, validate_config
-from verl.utils.import_utils import load_extern_type
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import to_jsonable
+from verl.workers.reward_manager.registry import load_object
 
 logger = logging.getLogger(__name__)
 
@@ -385,10 +385,7 @@ class RayPPOTrainer:
 
         self.callbacks: list[TrainerCallback] = list(callbacks or [])
         for spec in self.cfg.trainer.callbacks:
-            path, sep, name = str(spec).rpartition(":")
-            if not sep or not path or not name:
-                raise ValueError(f"trainer.callbacks entry {spec!r} must look like 'path/to/file.py:Class' or 'module:Class'")
-            self.callbacks.append(load_extern_type(path, name)())
+            self.callbacks.append(load_object(str(spec), what="trainer.callbacks entry")())
 
         self.global_steps = 0
         self.epoch = 0

@@ -293,7 +293,21 @@ def validate_config(config: Any) -> ValidatedConfig:
     if tr.critic_warmup and not v.use_critic:
         raise ValueError(f"trainer.critic_warmup={tr.critic_warmup} needs a critic (algorithm.adv_estimator=gae or critic.enable=True)")
     check_paths_exist(v)
+    check_callbacks(tr.callbacks)
     return v
+
+
+def check_callbacks(specs: list[str]) -> None:
+    """Every `trainer.callbacks` entry names a `TrainerCallback` subclass (loaded here, before Ray
+    starts, so a typo fails at once)."""
+    from verl.trainer.ppo.ray_trainer import TrainerCallback
+    from verl.workers.reward_manager.registry import load_object
+
+    for spec in specs:
+        cls = load_object(str(spec), what="trainer.callbacks entry")
+        if not (isinstance(cls, type) and issubclass(cls, TrainerCallback)):
+            raise TypeError(f"trainer.callbacks entry {spec!r} is {cls!r}, not a subclass of "
+                            "verl.trainer.ppo.ray_trainer.TrainerCallback")
 
 
 def _is_local_path(path: str) -> bool:
