@@ -164,3 +164,8 @@ def test_callbacks_are_checked_before_anything_starts(tmp_path):
         validate_config(cfg("algorithm.adv_estimator=grpo", f"trainer.callbacks=[{f}:Missing]"))
     with pytest.raises(TypeError, match=r"NotACallback.*not a subclass of .*TrainerCallback"):
         validate_config(cfg("algorithm.adv_estimator=grpo", f"trainer.callbacks=[{f}:NotACallback]"))
+
+
+def test_full_kl_in_reward_is_rejected_before_anything_starts():
+    with pytest.raises(ValueError, match=r"kl_penalty='full' needs whole-vocabulary distributions"):
+        validate_config(cfg("algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=full"))

@@ -252,6 +252,11 @@ def validate_config(config: Any) -> ValidatedConfig:
         )
     if algo.kl_penalty not in core_algos.KL_PENALTY_TYPES:
         raise ValueError(f"algorithm.kl_penalty={algo.kl_penalty!r} is not a KL estimator; expected one of {list(core_algos.KL_PENALTY_TYPES)}")
+    if algo.use_kl_in_reward and algo.kl_penalty == "full":
+        raise ValueError(
+            "algorithm.kl_penalty='full' needs whole-vocabulary distributions, but the KL in the reward is computed "
+            "from per-token log-probs; use kl, abs, mse or low_var_kl with algorithm.use_kl_in_reward=True"
+        )
     group_norm = est == "norm" and any(
         getattr(nc, "mean_level", None) == "group" or getattr(nc, "std_level", None) == "group"
         for nc in (algo.reward_norm, algo.adv_norm)
