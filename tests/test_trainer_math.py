@@ -396,3 +396,13 @@ def test_val_only_validates_the_restored_policy_and_never_trains(tmp_path, overr
     t = FitStub(tmp_path, ["trainer.val_only=True"] + overrides, resumed_step=resumed)
     assert t.fit() == {"val-core/t/reward/mean@1": float(resumed)}
     assert t.trained == 0 and t.global_steps == resumed
+
+
+def test_an_empty_validation_set_is_named():
+    from verl.trainer.ppo.ray_trainer import ResourcePoolManager
+    from verl.trainer.ppo.utils import Role
+
+    config = load_default_config(["algorithm.adv_estimator=grpo"])
+    pools = ResourcePoolManager({"global_pool": [1]}, {Role.ActorRollout: "global_pool"}, use_gpu=False)
+    with pytest.raises(ValueError, match=r"the validation set data\.val_files=None has no prompts"):
+        RayPPOTrainer(config, None, {Role.ActorRollout: object}, pools, train_dataset=[{"x": 1}] * 32, val_dataset=[])

@@ -425,6 +425,9 @@ class RayPPOTrainer:
             collate_fn=collate_fn,
             sampler=train_sampler,
         )
+        if len(val_dataset) == 0:
+            raise ValueError(f"the validation set data.val_files={data.val_files!r} has no prompts "
+                             "(after data.filter_overlong_prompts, if it is on)")
         val_bs = data.val_batch_size or len(val_dataset)
         self.val_dataloader = StatefulDataLoader(
             dataset=val_dataset,
