@@ -282,3 +282,30 @@ def test_grad_clip_scales_the_update(tiny):
     for p0, p1, q in zip(model.parameters(), updated.parameters(), unclipped.parameters()):
         # SGD with lr 1: the applied step is the reference step scaled by 0.01 / norm
         torch.testing.assert_close(p0 - p1, (p0 - q) * (0.01 / norm), atol=1e-7, rtol=1e-4)
+
+
+def _meter_worker(rank, init_file, out_file):
+    import torch.distributed as dist
+
+    from verl.workers.actor.dp_actor import StepMeter
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    meter = StepMeter()
+    meter.new_step()
+    meter.add_sum("loss", 1.0 + rank)
+    if rank == 1:  # a metric only this rank reports (sorts before "loss": misaligned columns)
+        meter.add_weighted("a_extra", 4.0, 2.0)
+    meter.add_weighted("w", float(rank), 1.0)
+    out = meter.reduce(None, 2)
+    if rank == 0:
+        torch.save(out, out_file)
+    dist.destroy_process_group()
+
+
+def test_step_meter_agrees_on_metric_names_across_ranks(tmp_path):
+    import torch.multiprocessing as mp
+
+    out_file = str(tmp_path / "out.pt")
+    mp.spawn(_meter_worker, args=(str(tmp_path / "init"), out_file), nprocs=2, join=True)
+    out = torch.load(out_file)
+    assert out == {"loss": [3.0], "a_extra": [4.0], "w": [0.5]}

@@ -101,6 +101,13 @@ class StepMeter:
     def reduce(self, group, dp_size: int) -> dict[str, list[float]]:
         sum_names = sorted({k for s in self.steps for k in s["sum"]})
         w_names = sorted({k for s in self.steps for k in s["w"]})
+        if dp_size > 1:
+            # a metric seen on some ranks only (e.g. a user loss that reports a key conditionally)
+            # must not misalign the table: agree on the names first
+            gathered = [None] * dp_size
+            dist.all_gather_object(gathered, (sum_names, w_names), group=group)
+            sum_names = sorted({k for names, _ in gathered for k in names})
+            w_names = sorted({k for _, names in gathered for k in names})
         rows = []
         for s in self.steps:
             rows.append([s["sum"].get(k, 0.0) for k in sum_names] + [s["wsum"].get(k, 0.0) for k in w_names] + [s["w"].get(k, 0.0) for k in w_names])
