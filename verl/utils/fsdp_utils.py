@@ -436,6 +436,3 @@ def autocast_context(device_type: str, dtype: torch.dtype | None):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=dtype)
 
-
-def is_main_process(group=None) -> bool:
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank(group) == 0
