@@ -118,6 +118,11 @@ def test_copy_to_local_hdfs_path(model_dir, tmp_path):
     assert os.path.exists(tmp_path / "mirror" / "huggingface" / "model.safetensors")
     with pytest.raises(NotImplementedError, match="hdfs://"):
         mgr.save_checkpoint(str(tmp_path / "b"), hdfs_path="hdfs://cluster/x")
+    assert not os.path.exists(tmp_path / "b")  # refused before anything (or any collective) ran
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the mirror's parent directory should be")
+    with pytest.raises(RuntimeError, match="failed on rank 0"):
+        mgr.save_checkpoint(str(tmp_path / "c"), hdfs_path=str(blocker / "mirror"))
 
 
 def test_tracker_helpers(tmp_path):

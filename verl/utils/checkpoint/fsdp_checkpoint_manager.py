@@ -95,6 +95,13 @@ class FSDPCheckpointManager(BaseCheckpointManager):
     def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None):
         if local_path is None:
             raise ValueError("save_checkpoint: local_path is None")
+        if hdfs_path is not None and "://" in hdfs_path:
+            # checked on every rank before any collective: raising on rank 0 alone would leave the
+            # other ranks waiting in a barrier
+            raise NotImplementedError(
+                f"hdfs_path={hdfs_path!r}: only local / mounted file-system paths are supported for the "
+                "checkpoint copy; mount the remote store or set trainer.default_hdfs_dir to null"
+            )
         local_path = os.path.abspath(local_path)
         staging = self._begin_atomic(local_path)
         contents = set(self.save_contents)
@@ -129,16 +136,26 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         return local_path
 
     def _copy_to_remote(self, local_path: str, remote_path: str) -> None:
-        if self.rank != 0:
-            return
-        if "://" in remote_path:
-            raise NotImplementedError(
-                f"hdfs_path={remote_path!r}: only local / mounted file-system paths are supported for the "
-                "checkpoint copy; mount the remote store or set trainer.default_hdfs_dir to null"
-            )
-        if os.path.exists(remote_path):
-            shutil.rmtree(remote_path)
-        shutil.copytree(local_path, remote_path)
+        """Rank 0 copies the checkpoint; a failure is raised on every rank (no rank is left
+        waiting in a collective)."""
+        error = None
+        if self.rank == 0:
+            try:
+                if os.path.exists(remote_path):
+                    shutil.rmtree(remote_path)
+                shutil.copytree(local_path, remote_path)
+            except OSError as exc:
+                error = exc
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            from verl.utils.fsdp_utils import all_reduce_scalar
+
+            ok = all_reduce_scalar(int(error is None), dist.ReduceOp.MIN, self.process_group, dtype=torch.int64)
+        else:
+            ok = error is None
+        if not ok:
+            raise RuntimeError(f"copying checkpoint {local_path} to {remote_path} failed on rank 0: {error}") from error
 
     def load_checkpoint(self, local_path: str | None, hdfs_path: str | None = None, del_local_after_load: bool = False):
         """Restore what `load_contents` names from `local_path` (or a copy of `hdfs_path`).
