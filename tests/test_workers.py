@@ -323,3 +323,38 @@ def test_model_loading_keeps_the_per_rank_sampling_stream(tiny):
     worker.init_model()
     expected = torch.Generator().manual_seed(1234 + worker.rank).get_state()
     assert torch.equal(torch.get_rng_state(), expected)
+
+
+def test_ref_and_reward_model_param_offload_wraps_their_passes(tiny, tmp_path, monkeypatch):
+    """Offload only acts on GPU; here the device is faked and the moves are recorded."""
+    import verl.workers.fsdp_workers as fw
+
+    path, tok, _ = tiny
+    rm_dir = str(tmp_path / "rm")
+    build_reward_model(path).save_pretrained(rm_dir)
+    tok.save_pretrained(rm_dir)
+    cfg = make_config(
+        path,
+        **{
+            "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+            "reward_model.enable": True,
+            "reward_model.model.path": rm_dir,
+            "reward_model.fsdp_config.param_offload": True,
+        },
+    )
+    ref = fw.ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="ref")
+    ref.init_model()
+    rm = fw.RewardModelWorker(config=cfg.reward_model)
+    rm.init_model()
+    calls = []
+    monkeypatch.setattr(fw, "load_fsdp_model_to_gpu", lambda m: calls.append(("load", m)))
+    monkeypatch.setattr(fw, "offload_fsdp_model_to_cpu", lambda m: calls.append(("offload", m)))
+    ref.device_name = rm.device_name = "cuda"
+    from test_workers_common import RESPONSES, make_batch
+
+    batch = DataProto.from_dict(tensors=make_batch(tok, PROMPTS, RESPONSES, prompt_len=8, resp_len=6))
+    ref.compute_ref_log_prob(batch)
+    assert calls == [("load", ref.ref_module), ("offload", ref.ref_module)]
+    calls.clear()
+    rm.compute_rm_score(batch)
+    assert calls == [("load", rm.rm_module), ("offload", rm.rm_module)]
