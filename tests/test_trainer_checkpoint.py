@@ -100,3 +100,24 @@ def test_prune_never_removes_the_checkpoint_just_saved(tmp_path):
     assert find_latest_ckpt_path(root).endswith("global_step_4")
     assert sorted(os.listdir(os.path.join(root, "global_step_4"))) == ["actor", "critic", TRAINER_STATE_FILE]
     assert [s for s, _ in list_checkpoints(root)] == [4, 6]  # 2 pruned; the later 6 is left alone
+
+
+def test_files_are_fsynced_before_the_directory_is_published(tmp_path, monkeypatch):
+    # a power loss right after the rename must not leave a published checkpoint with empty files
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    save_checkpoint_atomically(str(tmp_path), 1, writer())
+    publish = next(i for i, (kind, p) in enumerate(events) if kind == "replace" and ".tmp_global_step_1_" in p)
+    synced = {os.path.relpath(p, events[publish][1]) for kind, p in events[:publish] if kind == "fsync"}
+    assert {"actor/model.pt", "critic/model.pt", TRAINER_STATE_FILE} <= synced

@@ -53,6 +53,24 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def fsync_tree(root: str) -> None:
+    """Flush every file and directory under `root` to stable storage (before a rename publishes
+    them: otherwise a power loss can leave a published name with empty files)."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            try:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
+
+
 def atomic_write_text(path: str, text: str) -> None:
     """Write `text` to `path` so that readers see the old content or the new one, never a part:
     write a temporary file in the same directory, fsync it, then `os.replace` it over `path`."""

@@ -10,7 +10,7 @@ Layout under `trainer.default_local_dir`::
         trainer_state.pt                 step counter, driver RNG states, KL controller, hook state
 
 Atomicity: everything is written into a hidden sibling `.tmp_global_step_N_<pid>` first; only when
-all writers returned is it renamed to `global_step_N` (a rename within one directory is atomic),
+all writers returned (and their files are fsynced) is it renamed to `global_step_N` (a rename within one directory is atomic),
 and only then is the tracker file replaced (also atomically). A crash at any point leaves either
 the previous checkpoint as the newest one, or the new one complete; half-written directories are
 hidden, ignored by discovery and removed at the next start. (Workers on other nodes must see the
@@ -25,7 +25,7 @@ import re
 import shutil
 from typing import Callable
 
-from verl.utils.fs import atomic_write_text, fsync_dir
+from verl.utils.fs import atomic_write_text, fsync_dir, fsync_tree
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,7 @@ def save_checkpoint_atomically(root_path: str, step: int, write_fn: Callable[[st
         write_fn(tmp)
         if not os.path.isfile(os.path.join(tmp, TRAINER_STATE_FILE)):
             raise RuntimeError(f"checkpoint writer produced no {TRAINER_STATE_FILE} in {tmp}")
+        fsync_tree(tmp)  # the files are on disk before their directory is published
         final = step_dir(root_path, step)
         if os.path.exists(final):
             # the same step saved again (e.g. a run restarted from an older checkpoint): the old
