@@ -99,6 +99,9 @@ def test_select_groups_with_variance_and_trim():
     assert select_groups_with_variance(b, "acc")[1] == 1
     with pytest.raises(ValueError, match="filter_groups.metric='nope'"):
         select_groups_with_variance(b, "nope")
+    b = group_batch(["a", "a"], [1, 1], extra={"acc": [True, None]})
+    with pytest.raises(ValueError, match=r"metric='acc': row 1 holds None, not a number"):
+        select_groups_with_variance(b, "acc")
 
     b = group_batch(["a", "a", "b", "b", "c", "c"], [0] * 6)
     assert list(trim_to_whole_groups(b, 2, n=2, divisor=1).non_tensor_batch["uid"]) == ["a", "a", "b", "b"]

@@ -186,7 +186,13 @@ def select_groups_with_variance(batch: DataProto, metric: str) -> tuple[DataProt
     the scorer reports no `acc`). Returns (kept rows, kept groups, dropped groups).
     """
     if metric in batch.non_tensor_batch:
-        values = [float(v) for v in batch.non_tensor_batch[metric]]
+        values = []
+        for i, v in enumerate(batch.non_tensor_batch[metric]):
+            try:
+                values.append(float(v))
+            except (TypeError, ValueError):
+                raise ValueError(f"algorithm.filter_groups.metric={metric!r}: row {i} holds {v!r}, not a number "
+                                 "(does the scoring function report it for every response?)") from None
     elif metric in ("acc", "score", "seq_reward", "seq_final_reward"):
         values = batch.batch["token_level_scores"].sum(-1).tolist()
     else:
