@@ -215,3 +215,19 @@ def test_unknown_data_source_stops_the_run():
 
     with pytest.raises(NotImplementedError, match="data_source='toy'"):
         NaiveRewardManager(CharTokenizer(), 0, no_scorer)(make_batch(["1$"], ["1"]))
+
+
+def test_register_refuses_a_second_class_under_a_taken_name():
+    from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY, register
+
+    def make(module):
+        return type("SameName", (NaiveRewardManager,), {"__module__": module})
+
+    first = register("test_taken_name")(make("user_module_a"))
+    try:
+        assert register("test_taken_name")(make("user_module_a")) is not None  # the same module reloaded
+        with pytest.raises(ValueError, match=r"'test_taken_name' is already registered to user_module_a\.SameName"):
+            register("test_taken_name")(make("user_module_b"))
+    finally:
+        REWARD_MANAGER_REGISTRY.pop("test_taken_name", None)
+    assert first.__module__ == "user_module_a"

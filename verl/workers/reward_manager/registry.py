@@ -19,12 +19,13 @@ def register(name: str) -> Callable[[type], type]:
     """Class decorator: make a reward manager selectable by `name`.
 
     Registering a different class under a name that is taken raises, so two modules cannot
-    silently shadow each other; re-registering the same class (module reloaded) is allowed.
+    silently shadow each other; re-registering the same class (same module and name: a module
+    reloaded) is allowed.
     """
 
     def decorator(cls: type) -> type:
         existing = REWARD_MANAGER_REGISTRY.get(name)
-        if existing is not None and existing.__qualname__ != cls.__qualname__:
+        if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"reward manager {name!r} is already registered to {existing.__module__}.{existing.__qualname__}")
         REWARD_MANAGER_REGISTRY[name] = cls
         return cls
