@@ -17,9 +17,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-TIMED_PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
-
-
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
     """mean/max/min of a flat tensor; an empty tensor gives nan (visible, not a fake 0)."""
     x = x.detach().float().flatten()
