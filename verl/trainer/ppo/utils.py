@@ -25,6 +25,7 @@ from verl.trainer.config import (
     TrainerConfig,
 )
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.py_functional import config_get
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
 
 
@@ -54,11 +55,10 @@ ACTOR_ROLLOUT_REF_KEYS = ("hybrid_engine", "model", "actor", "ref", "rollout")
 
 
 def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
+    """`config_get` along a dotted path (`"algorithm.adv_estimator"`)."""
     node = cfg
     for part in dotted.split("."):
-        if node is None:
-            return default
-        node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
+        node = config_get(node, part)
     return default if node is None else node
 
 
