@@ -367,3 +367,17 @@ def test_two_data_parallel_workers(ray_session, assets, tmp_path):
     )
     assert finite(m[1]["actor/pg_loss"]) and "val-core/e2e_toy/reward/mean@1" in m[1]
     assert m[1]["perf/throughput"] == pytest.approx(m[1]["perf/total_num_tokens"] / (2 * m[1]["perf/time_per_step"]))
+
+
+def test_trainer_seed_reaches_the_workers_sampling(assets, tmp_path, ray_session):
+    """Two runs that differ only in trainer.seed sample different responses (the seed is passed
+    to the workers as VERL_SEED); the same seed gives the same responses (see the resume test)."""
+    outputs = []
+    for seed in (1, 2):
+        run_dir = tmp_path / f"seed{seed}"
+        run(assets, str(run_dir), f"trainer.seed={seed}", "trainer.total_training_steps=1", "trainer.test_freq=-1",
+            "trainer.val_before_train=False", "algorithm.adv_estimator=grpo", f"trainer.rollout_data_dir={run_dir}/dump")
+        with open(run_dir / "dump" / "1.jsonl") as fh:
+            outputs.append([json.loads(line)["output"] for line in fh])
+    assert len(outputs[0]) == len(outputs[1]) > 0
+    assert outputs[0] != outputs[1]

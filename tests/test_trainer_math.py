@@ -62,6 +62,31 @@ def test_compute_advantage_grpo_groups_by_uid_not_position():
     assert not adv.requires_grad
 
 
+def test_compute_advantage_forwards_step_end_mask_for_process_supervision():
+    # one response, three steps ending at tokens 1, 2, 4; the middle step's reward is exactly 0, so
+    # only an explicit step_end_mask marks it (without it, non-zero rewards define the steps)
+    rewards = torch.tensor([[0.0, 0.2, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0, 0.0]])
+    ends = torch.tensor([[0, 1, 1, 0, 1], [0, 1, 0, 0, 0]], dtype=torch.bool)
+    mask = torch.ones(2, 5)
+    uid = np.array(["g", "g"], dtype=object)
+    with_mask = compute_advantage(DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask, "step_end_mask": ends}, non_tensors={"uid": uid}),
+        "grpo_process", norm_adv_by_std_in_grpo=False)
+    without = compute_advantage(DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask}, non_tensors={"uid": uid}),
+        "grpo_process", norm_adv_by_std_in_grpo=False)
+    expected = core_algos.get_adv_estimator_fn("grpo_process")(
+        token_level_rewards=rewards, response_mask=mask, index=uid, step_end_mask=ends, norm_adv_by_std_in_grpo=False)[0]
+    torch.testing.assert_close(with_mask.batch["advantages"], expected)
+    # the zero-reward step counts in the group mean only when the mask says it is a step
+    assert not torch.allclose(with_mask.batch["advantages"], without.batch["advantages"])
+
+
+def test_grpo_process_with_kl_in_reward_is_rejected():
+    with pytest.raises(ValueError, match=r"grpo_process.*use_kl_in_reward=True"):
+        validate_config(load_default_config(["algorithm.adv_estimator=grpo_process", "algorithm.use_kl_in_reward=True"]))
+
+
 def test_compute_advantage_gae_reference_numbers():
     # ALGORITHMS.md reference: raw advantages [[2.160025, 0.655, 1.0], [0.945, -1.0, 0.0]], then whitened
     data = DataProto.from_dict(

@@ -358,3 +358,15 @@ def test_ref_and_reward_model_param_offload_wraps_their_passes(tiny, tmp_path, m
     calls.clear()
     rm.compute_rm_score(batch)
     assert calls == [("load", rm.rm_module), ("offload", rm.rm_module)]
+
+
+def test_worker_seed_follows_verl_seed(monkeypatch):
+    from verl.workers.fsdp_workers import worker_seed
+
+    monkeypatch.delenv("VERL_SEED", raising=False)
+    assert worker_seed(1) == 1235
+    monkeypatch.setenv("VERL_SEED", "7")
+    assert [worker_seed(r) for r in range(3)] == [7, 8, 9]
+    monkeypatch.setenv("VERL_SEED", "seven")
+    with pytest.raises(ValueError, match="VERL_SEED='seven'"):
+        worker_seed(0)

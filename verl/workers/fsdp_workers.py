@@ -179,6 +179,16 @@ def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, d
 # ---------------------------------------------------------------------------------------------
 
 
+def worker_seed(rank: int) -> int:
+    """Seed of a worker's torch RNG: `$VERL_SEED + rank` (the trainer sets VERL_SEED = trainer.seed;
+    1234 when unset, e.g. a worker built by hand)."""
+    raw = os.environ.get("VERL_SEED", "1234")
+    try:
+        return int(raw) + int(rank)
+    except ValueError:
+        raise ValueError(f"VERL_SEED={raw!r} must be an integer (it is set from trainer.seed)") from None
+
+
 def memory_metrics(device_name: str, prefix: str) -> dict[str, list[float]]:
     """Peak memory of this worker process: accelerator memory on CUDA, resident set size (RSS) always.
 
@@ -231,8 +241,9 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         self.ref_module = None
         self._weights_version = 0
         self._synced_version = -1
-        # sampling randomness: a distinct, reproducible stream per rank (saved in checkpoints)
-        torch.manual_seed(1234 + self.rank)
+        # sampling randomness: a distinct, reproducible stream per rank (saved in checkpoints);
+        # the trainer passes trainer.seed as VERL_SEED
+        torch.manual_seed(worker_seed(self.rank))
 
     # -- building ---------------------------------------------------------------------------------
 

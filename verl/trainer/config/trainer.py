@@ -51,7 +51,7 @@ class TrainerConfig(BaseConfig):
     - `default_local_dir`: where `global_step_N` checkpoints are written.
     - `max_actor_ckpt_to_keep` / `max_critic_ckpt_to_keep`: how many actor / critic checkpoints
       to keep (null: all); older ones are deleted after each save.
-    - `seed`: seed of the driver's random generators.
+    - `seed`: seed of the driver's random generators and of the workers' sampling (worker r uses seed + r).
     - `peak_flops_per_worker`: peak FLOP/s of one worker for the MFU estimate (`perf/mfu/*`);
       null: a table of known GPUs, on CPU a short fp32 matmul measured at start.
     """

@@ -154,7 +154,8 @@ def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, l
 
     The estimator gets every input it may need by keyword (`token_level_rewards`,
     `response_mask`, `index` = uid array, `values`, `reward_baselines`, `token_level_scores`,
-    `turn_ids`, `gamma`, `lam`, `norm_adv_by_std_in_grpo`, `config`) and ignores the rest.
+    `turn_ids`, `step_end_mask` (process supervision: set by a reward manager that places step
+    rewards), `gamma`, `lam`, `norm_adv_by_std_in_grpo`, `config`) and ignores the rest.
     (`num_repeat` is accepted for upstream compatibility: groups come from `uid`.)
     """
     if "response_mask" not in data.batch.keys():
@@ -169,7 +170,7 @@ def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, l
         norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
         config=config,
     )
-    for key in ("values", "reward_baselines", "token_level_scores", "turn_ids"):
+    for key in ("values", "reward_baselines", "token_level_scores", "turn_ids", "step_end_mask"):
         if key in data.batch.keys():
             kwargs[key] = data.batch[key]
     advantages, returns = fn(**kwargs)
@@ -512,12 +513,13 @@ class RayPPOTrainer:
         self.resource_pool_manager.release()
 
     def _worker_env(self) -> dict[str, str]:
-        """Environment of every worker process: the device, and every user module (so custom
+        """Environment of every worker process: the device, the seed, and every user module (so custom
         losses/estimators registered there exist in the workers too). Torch threads are set by
         the worker group (`trainer.torch_threads_per_worker`, default: the slot's CPUs)."""
         from verl.trainer.ppo.utils import external_module_list
 
-        env = {"VERL_DEVICE": self.device_name}
+        # VERL_SEED: the workers' sampling streams follow trainer.seed (rank r uses seed + r)
+        env = {"VERL_DEVICE": self.device_name, "VERL_SEED": str(self.cfg.trainer.seed)}
         mods = external_module_list(self.config)
         if mods:
             env["VERL_USE_EXTERNAL_MODULES"] = ",".join(os.path.abspath(m) if m.endswith(".py") else m for m in mods)

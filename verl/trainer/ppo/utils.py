@@ -268,6 +268,11 @@ def validate_config(config: Any) -> ValidatedConfig:
         )
     if algo.filter_groups.enable and rollout.n == 1:
         raise ValueError("algorithm.filter_groups.enable=True drops groups without reward variance; it needs actor_rollout_ref.rollout.n >= 2")
+    if est == "grpo_process" and algo.use_kl_in_reward:
+        raise ValueError(
+            "algorithm.adv_estimator='grpo_process' normalises step rewards, but algorithm.use_kl_in_reward=True puts a "
+            "KL penalty on every token (each would count as a step); use actor_rollout_ref.actor.use_kl_loss=True instead"
+        )
     if est in CRITIC_ESTIMATORS and not v.use_critic:
         raise ValueError(f"algorithm.adv_estimator={est!r} needs a value model, but critic.enable=False; set critic.enable=True or null")
     if est == "remax" and not rollout.do_sample:
