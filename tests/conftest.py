@@ -34,6 +34,22 @@ def _test_pythonpath() -> str:
     return os.pathsep.join(dict.fromkeys(folders))
 
 
+def load_build_script():
+    """`scripts/build_embedded_default.py` as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_embedded_default", REPO_ROOT / "scripts" / "build_embedded_default.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def embedded_tokenizer():
+    """The embedded default's tokenizer, built in memory by the build script."""
+    return load_build_script().build_tokenizer()
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """Start (once) and yield the `ray` module; shut Ray down at the end of the session."""

@@ -54,12 +54,9 @@ def test_gsm8k_from_hub_style_parquet_and_rlhf_dataset(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert len(_rows(out / "train.parquet")) == 3
 
-    from transformers import PreTrainedTokenizerFast  # noqa: F401  (any chat tokenizer works)
-    import importlib.util
+    from conftest import load_build_script
 
-    spec = importlib.util.spec_from_file_location("bed", ROOT / "scripts" / "build_embedded_default.py")
-    bed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bed)
+    bed = load_build_script()
     from verl.utils.dataset import RLHFDataset
 
     ds = RLHFDataset(str(out / "test.parquet"), bed.build_tokenizer(), {"max_prompt_length": 256})

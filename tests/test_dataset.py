@@ -1,6 +1,5 @@
 """RLHFDataset, collate_fn and the resumable StatefulDataLoader."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -25,16 +24,9 @@ from verl.utils.dataset import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _build_module():
-    spec = importlib.util.spec_from_file_location("build_embedded_default", ROOT / "scripts" / "build_embedded_default.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
-def tokenizer():
-    return _build_module().build_tokenizer()
+def tokenizer(embedded_tokenizer):
+    return embedded_tokenizer
 
 
 def _row(i, content="12+34", **extra):

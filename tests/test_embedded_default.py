@@ -1,7 +1,6 @@
 """The embedded default: shipped tokenizer/model/data, the toy task, and the build script."""
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -229,9 +228,9 @@ def test_build_script_end_to_end_small_and_deterministic(tmp_path):
 
 
 def test_build_script_rejects_bad_sizes(tmp_path):
-    spec = importlib.util.spec_from_file_location("bed", ROOT / "scripts" / "build_embedded_default.py")
-    bed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bed)
+    from conftest import load_build_script
+
+    bed = load_build_script()
     tok = bed.build_tokenizer()
     with pytest.raises(ValueError, match="hidden_size=30 must be divisible by num_heads=4"):
         bed.build_model(tok, 30, 1, 4, 2, 64, 64, 0)

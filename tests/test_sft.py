@@ -1,6 +1,5 @@
 """SFTDataset (loss masks, truncation, conversations) and the FSDP2 SFT trainer at world size 1 (and 2)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import load_build_script
 import torch
 from omegaconf import OmegaConf
 
@@ -19,22 +19,15 @@ from verl.utils.dataset.toy_tasks import AdditionTask, addition_sft_row, generat
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _build_module():
-    spec = importlib.util.spec_from_file_location("build_embedded_default", ROOT / "scripts" / "build_embedded_default.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
-def tokenizer():
-    return _build_module().build_tokenizer()
+def tokenizer(embedded_tokenizer):
+    return embedded_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, tokenizer):
     """A 2-layer, hidden-32 Llama with the embedded tokenizer."""
-    bed = _build_module()
+    bed = load_build_script()
     d = tmp_path_factory.mktemp("tiny_model")
     model = bed.build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
                             intermediate_size=64, max_position_embeddings=64, seed=0)
