@@ -1,0 +1,146 @@
+"""The layer rule of DESIGN.md §2: imports point down the layers, never up or sideways.
+
+Every ``import`` under ``verl/`` is parsed (function-local imports included: a lazy import is
+still a dependency) and each module is assigned a layer by its path. A module may import its own
+layer and the layers listed as below it in ``MAY_IMPORT``. Edges that break the rule today are
+listed in ``KNOWN_EXCEPTIONS`` with the reason; the test fails on any new edge and on an exception
+that no longer exists (so the list only shrinks).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "verl"
+
+# first match wins: most specific prefixes first
+LAYER_OF_PREFIX: list[tuple[str, str]] = [
+    ("verl.trainer.ppo.core_algos", "algorithms"),
+    ("verl.trainer.ppo.rollout_corr_helper", "algorithms"),  # pure torch, filed under trainer/ as upstream
+    ("verl.trainer.config", "config"),
+    ("verl.workers.config", "config"),
+    ("verl.base_config", "config"),
+    ("verl.protocol", "data"),
+    ("verl.single_controller", "controller"),
+    ("verl.workers.fsdp_workers", "workers"),
+    ("verl.workers", "engines"),
+    ("verl.trainer", "trainer"),
+    ("verl.utils", "utilities"),
+    ("verl", "package"),  # verl/__init__.py
+]
+
+# what each layer may import besides itself (DESIGN.md §2, "knows about")
+MAY_IMPORT: dict[str, set[str]] = {
+    "utilities": set(),
+    # config dataclasses check names against the registries (loss modes, KL types)
+    "config": {"utilities", "algorithms"},
+    "data": {"utilities"},
+    "algorithms": {"utilities"},
+    "controller": {"utilities", "data"},
+    "engines": {"utilities", "config", "data", "algorithms"},
+    "workers": {"utilities", "config", "data", "algorithms", "controller", "engines"},
+    "trainer": {"utilities", "config", "data", "algorithms", "controller", "engines", "workers"},
+    "package": {"utilities", "config", "data", "algorithms", "controller", "engines", "workers", "trainer"},
+}
+
+# (importer module, imported module) -> why it is allowed for now
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("verl.utils.tensordict_utils", "verl.protocol"): (
+        "the TensorDict mini-batch iterator reuses DataProto's shuffled index order so both protocols "
+        "give the same mini-batches for a seed; the index helper belongs in utilities"
+    ),
+}
+
+
+def layer_of(module: str) -> str:
+    for prefix, layer in LAYER_OF_PREFIX:
+        if module == prefix or module.startswith(prefix + "."):
+            return layer
+    raise AssertionError(f"no layer for module {module}")
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_module(name: str, package: Path) -> bool:
+    rel = Path(*name.split(".")[1:])
+    return (package / rel).with_suffix(".py").is_file() or (package / rel / "__init__.py").is_file()
+
+
+def verl_imports(path: Path, package_dir: Path = PACKAGE) -> set[str]:
+    """Absolute names of the verl modules imported anywhere in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = module_name(path, package_dir)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "verl")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "verl":
+                continue
+            # `from verl.trainer.ppo import core_algos` depends on the submodule, not the package
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                if _is_module(sub, package_dir):
+                    found.add(sub)
+                else:
+                    found.add(target)
+    return found
+
+
+def import_edges() -> dict[tuple[str, str], tuple[str, str]]:
+    edges = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        src = module_name(path)
+        for dst in verl_imports(path):
+            edges[(src, dst)] = (layer_of(src), layer_of(dst))
+    return edges
+
+
+def upward_edges() -> dict[tuple[str, str], tuple[str, str]]:
+    return {
+        edge: (a, b)
+        for edge, (a, b) in import_edges().items()
+        if a != b and b not in MAY_IMPORT[a]
+    }
+
+
+def test_every_module_has_a_layer():
+    for path in PACKAGE.rglob("*.py"):
+        layer_of(module_name(path))
+
+
+def test_imports_point_down_the_layers():
+    bad = {edge: layers for edge, layers in upward_edges().items() if edge not in KNOWN_EXCEPTIONS}
+    lines = [f"{a} ({la}) imports {b} ({lb})" for (a, b), (la, lb) in sorted(bad.items())]
+    assert not bad, "imports that point up or sideways (DESIGN.md §2):\n" + "\n".join(lines)
+
+
+def test_known_exceptions_still_exist():
+    stale = sorted(set(KNOWN_EXCEPTIONS) - set(upward_edges()))
+    assert not stale, f"fixed edges still listed in KNOWN_EXCEPTIONS (remove them): {stale}"
+
+
+def test_the_checker_sees_a_planted_upward_import(tmp_path):
+    # the rule must be able to fail: an engine importing the trainer is reported
+    assert "trainer" not in MAY_IMPORT["engines"]
+    assert layer_of("verl.workers.actor.dp_actor") == "engines"
+    assert layer_of("verl.trainer.ppo.ray_trainer") == "trainer"
+    fake = tmp_path / "verl" / "workers" / "x.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("def f():\n    from verl.trainer.ppo import ray_trainer\n    from ..trainer import main_ppo\n")
+    edges = {("verl.workers.x", dst) for dst in verl_imports(fake, tmp_path / "verl")}
+    assert edges == {("verl.workers.x", "verl.trainer.ppo"), ("verl.workers.x", "verl.trainer")}
+    assert all(layer_of(dst) == "trainer" and "trainer" not in MAY_IMPORT["engines"] for _, dst in edges)
