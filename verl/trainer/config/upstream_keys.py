@@ -243,9 +243,9 @@ def behaviour(key: str) -> tuple[str, str]:
         return "a", ""
     if rule.kind == "b":
         return "b", rule.why
-    text = f"{rule.why} not available (available: {rule.available})"
+    text = f"not available: {rule.why} (available: {rule.available})"
     if rule.accept:
-        text = f"{', '.join(_fmt(v) for v in rule.accept)} implemented; other values: " + text
+        text = f"implemented for {', '.join(_fmt(v) for v in rule.accept)}; other values " + text
     return "c", text
 
 
