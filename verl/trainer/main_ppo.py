@@ -49,9 +49,13 @@ def _normalized_argv(argv: list[str]) -> list[str]:
     (see `upstream_keys.normalize_overrides`)."""
     from verl.trainer.config.upstream_keys import normalize_overrides
 
-    args = [a for a in argv[1:] if not a.startswith("-")]
-    flags = [a for a in argv[1:] if a.startswith("-")]
-    return [argv[0], *flags, *normalize_overrides(args)]
+    takes_value = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--info", "-i"}
+    spots = [i for i in range(1, len(argv))
+             if not argv[i].startswith("-") and argv[i - 1] not in takes_value]
+    out = list(argv)
+    for i, text in zip(spots, normalize_overrides([argv[i] for i in spots])):
+        out[i] = text
+    return out
 
 
 def load_default_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer",

@@ -73,6 +73,7 @@ _RM_ROLLOUT = "the reward model here is an FSDP sequence-classification worker, 
 
 RULES: tuple[Rule, ...] = (
     # ------------------------------------------------------------------ actor / ref / critic engine
+    Rule("*.megatron.*", "c", "Megatron-LM training", "FSDP2 (strategy=fsdp)"),
     Rule("*.strategy", "c", "Megatron-LM training", "fsdp, fsdp2 (FSDP2 for both)", accept=("fsdp", "fsdp2")),
     Rule("*.optim.optimizer", "c", "optimizers other than AdamW", "AdamW", accept=("AdamW", "adamw")),
     Rule("*.optim.optimizer_impl", "c", "optimizer implementations other than torch.optim", "torch.optim",
@@ -530,7 +531,7 @@ def check_upstream_surface(config: Any) -> DictConfig:
     user = _resolved(raw)
     leaves = [(k, v) for k, v in _leaves(user) if rule_for(k) is not None]
     base = _defaults_in_context(raw, [k for k, _ in leaves], raw_yaml)
-    problems = []
+    refused: dict[str, list[tuple[Rule, str, Any]]] = {}
     for key, value in leaves:
         rule = rule_for(key)
         default = _get(base, key, "<unset>")
@@ -539,12 +540,12 @@ def check_upstream_surface(config: Any) -> DictConfig:
         if rule.kind == "c":
             if rule.accept and any(_same(value, a) for a in rule.accept):
                 continue
-            problems.append(f"{key}={_fmt(value)}: {rule.why} is not available in this verl (available: {rule.available})")
+            refused.setdefault(rule.why, []).append((rule, key, value))
         elif (key, _fmt(value)) not in _logged_b:
             _logged_b.add((key, _fmt(value)))
             logger.warning("%s=%s has no effect here: %s", key, _fmt(value), rule.why)
-    if problems:
-        raise ValueError("; ".join(problems))
+    if refused:
+        raise ValueError("; ".join(_refusal(items) for items in refused.values()))
 
     _map_reward_section(raw)
     _map_global_micro_batches(raw)
@@ -554,6 +555,19 @@ def check_upstream_surface(config: Any) -> DictConfig:
     _strip_unheld(raw)
     _fill_dataclass_defaults(raw)
     return OmegaConf.create(raw)
+
+
+def _refusal(items: list[tuple[Rule, str, Any]]) -> str:
+    """One message per missing feature: the headline key (a value-restricted key such as
+    `strategy` first), then the other keys that need the same feature."""
+    items = sorted(items, key=lambda it: (not it[0].accept, it[1]))
+    rule, key, value = items[0]
+    text = f"{key}={_fmt(value)}: {rule.why} is not available in this verl (available: {rule.available})"
+    others = [f"{k}={_fmt(v)}" for _, k, v in items[1:]]
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        text += f" (also needed by {shown})"
+    return text
 
 
 def _warn_deprecated(old: str, new: str, note: str) -> None:
