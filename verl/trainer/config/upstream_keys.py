@@ -264,6 +264,8 @@ ALIASES: tuple[Alias, ...] = (
     Alias("critic.model.fsdp_config", "critic.fsdp"),
     Alias("critic.fsdp_config", "critic.fsdp", "this project's earlier spelling"),
     Alias("reward_model.model.fsdp_config", "reward_model.fsdp_config"),
+    Alias("reward_model.model_path", "reward_model.model.path"),
+    Alias("reward_model.inference", "reward_model.rollout"),
     Alias("actor_rollout_ref.actor.optim.warmup_style", "actor_rollout_ref.actor.optim.lr_scheduler_type"),
     Alias("critic.optim.warmup_style", "critic.optim.lr_scheduler_type"),
 )
@@ -358,6 +360,13 @@ def apply_embedded_preset(cfg: DictConfig, overrides: list[str] | None) -> DictC
 # ----------------------------------------------------------------------------- overrides
 def _yaml_raw() -> dict:
     return OmegaConf.to_container(OmegaConf.load(YAML_PATH), resolve=False)
+
+
+def _all_defaults() -> dict:
+    """The yaml's defaults plus the dataclass defaults of the keys the yaml does not list."""
+    tree = _yaml_raw()
+    _fill_dataclass_defaults(tree)
+    return tree
 
 
 def _has_path(tree: Any, dotted: str) -> bool:
@@ -496,6 +505,9 @@ def _defaults_in_context(raw_user: dict, keys: list[str], raw_yaml: dict) -> dic
     """The user's config with every key of `keys` put back to its yaml default, resolved: an
     interpolated default (`${oc.select:trainer.n_gpus_per_node,8}`) follows the user's config."""
     tree = copy.deepcopy(raw_user)
+    for section in UPSTREAM_ONLY_SECTIONS:  # a normalised config no longer has them
+        if section not in tree and section in raw_yaml:
+            tree[section] = copy.deepcopy(raw_yaml[section])
     for key in keys:
         if _has_path(raw_yaml, key):
             _set(tree, key, copy.deepcopy(_get(raw_yaml, key)))
@@ -525,7 +537,7 @@ def check_upstream_surface(config: Any) -> DictConfig:
     else:
         raw = copy.deepcopy(dict(config))
     raw.pop("hydra", None)
-    raw_yaml = _yaml_raw()
+    raw_yaml = _all_defaults()
     _move_aliases(raw, raw_yaml)
 
     user = _resolved(raw)
@@ -546,15 +558,54 @@ def check_upstream_surface(config: Any) -> DictConfig:
             logger.warning("%s=%s has no effect here: %s", key, _fmt(value), rule.why)
     if refused:
         raise ValueError("; ".join(_refusal(items) for items in refused.values()))
+    _check_rollout_device(user)
+    _log_engine_only_keys(user, raw_yaml)
 
     _map_reward_section(raw)
     _map_global_micro_batches(raw)
     _map_misc(raw)
+    # interpolations into the sections removed below keep the value they have now
+    for key, value in list(_leaves(raw)):
+        if isinstance(value, str) and any(f"{s}." in value for s in UPSTREAM_ONLY_SECTIONS) and "${" in value:
+            _set(raw, key, _plain(_get(user, key)))
     for section in UPSTREAM_ONLY_SECTIONS:
         raw.pop(section, None)
     _strip_unheld(raw)
     _fill_dataclass_defaults(raw)
     return OmegaConf.create(raw)
+
+
+# rollout keys that only the vllm engine reads
+VLLM_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs",
+                  "enforce_eager", "free_cache_engine", "enable_chunked_prefill", "dtype")
+
+
+def _log_engine_only_keys(user: dict, raw_yaml: dict) -> None:
+    """With rollout.name=hf, the vllm-only keys the run set are logged as having no effect."""
+    if _get(user, "actor_rollout_ref.rollout.name") != "hf":
+        return
+    for name in VLLM_ONLY_KEYS:
+        key = f"actor_rollout_ref.rollout.{name}"
+        value, default = _get(user, key, "<unset>"), _get(raw_yaml, key, "<unset>")
+        if not _same(value, default) and (key, _fmt(value)) not in _logged_b:
+            _logged_b.add((key, _fmt(value)))
+            logger.warning("%s=%s has no effect here: only the vllm rollout reads it (rollout.name=hf)", key, _fmt(value))
+
+
+def _check_rollout_device(user: dict) -> None:
+    """The vllm engine needs a CUDA GPU: say so before Ray starts instead of in a worker."""
+    if _get(user, "actor_rollout_ref.rollout.name") != "vllm":
+        return
+    device = _get(user, "trainer.device", "auto")
+    if device == "cuda":
+        return
+    import torch
+
+    if device == "cpu" or not torch.cuda.is_available():
+        raise ValueError(
+            "actor_rollout_ref.rollout.name=vllm: the vllm rollout without a CUDA GPU is not available in this verl "
+            "(available: actor_rollout_ref.rollout.name=hf, which runs on CPU and GPU)"
+        )
 
 
 def _refusal(items: list[tuple[Rule, str, Any]]) -> str:
@@ -701,6 +752,15 @@ def _is_dict_field(key: str) -> bool:
     return key in _DICT_FIELDS
 
 
+def _plain(value: Any) -> Any:
+    """A yaml-able copy (tuples become lists)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return copy.deepcopy(value)
+
+
 def _fill_dataclass_defaults(raw: dict) -> None:
     """Keys of the config dataclasses that the config lacks (the yaml does not list them) get their
     dataclass default, so code reading the raw config sees every key."""
@@ -719,9 +779,7 @@ def _fill_dataclass_defaults(raw: dict) -> None:
                     continue
                 if dataclasses.is_dataclass(value):
                     value = dataclasses.asdict(value)
-                elif isinstance(value, tuple):
-                    value = list(value)
-                node[f.name] = copy.deepcopy(value)
+                node[f.name] = _plain(value)
             elif sub is not None and isinstance(node[f.name], dict):
                 fill(node[f.name], sub)
 
