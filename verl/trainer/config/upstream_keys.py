@@ -315,9 +315,6 @@ EMBEDDED_PRESET: dict[str, Any] = {
     "critic.model.enable_gradient_checkpointing": False,
     "critic.data_loader_seed": 1,
     "critic.fsdp.wrap_policy": {},
-    "reward_model.enable": False,
-    "reward_model.reward_manager": "naive",
-    "custom_reward_function.name": "compute_score",
     "algorithm.filter_groups.metric": "acc",
     "trainer.total_epochs": 2,
     "trainer.project_name": "verl",
@@ -584,9 +581,12 @@ def _log_engine_only_keys(user: dict, raw_yaml: dict) -> None:
     """With rollout.name=hf, the vllm-only keys the run set are logged as having no effect."""
     if _get(user, "actor_rollout_ref.rollout.name") != "hf":
         return
+    embedded = _get(user, "actor_rollout_ref.model.path") is None
     for name in VLLM_ONLY_KEYS:
         key = f"actor_rollout_ref.rollout.{name}"
         value, default = _get(user, key, "<unset>"), _get(raw_yaml, key, "<unset>")
+        if embedded and key in EMBEDDED_PRESET and _same(value, EMBEDDED_PRESET[key]):
+            continue  # the embedded preset's own value, not the user's
         if not _same(value, default) and (key, _fmt(value)) not in _logged_b:
             _logged_b.add((key, _fmt(value)))
             logger.warning("%s=%s has no effect here: only the vllm rollout reads it (rollout.name=hf)", key, _fmt(value))
