@@ -33,22 +33,27 @@ OUT = REPO / "docs" / "config_reference.md"
 
 def section_types() -> dict[str, type]:
     """Config path -> dataclass of that section (children are found through type hints)."""
-    from verl.trainer.config import AlgoConfig, CustomRewardFunctionConfig, DataConfig, RayKwargsConfig, TrainerConfig
-    from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
+    from verl.trainer.config.upstream_keys import section_types as types
 
-    return {
-        "data": DataConfig,
-        "actor_rollout_ref.model": HFModelConfig,
-        "actor_rollout_ref.actor": ActorConfig,
-        "actor_rollout_ref.ref": RefConfig,
-        "actor_rollout_ref.rollout": RolloutConfig,
-        "critic": CriticConfig,
-        "reward_model": RewardModelConfig,
-        "custom_reward_function": CustomRewardFunctionConfig,
-        "algorithm": AlgoConfig,
-        "trainer": TrainerConfig,
-        "ray_kwargs": RayKwargsConfig,
-    }
+    return types()
+
+
+def here(key: str) -> str:
+    """The "here" column: what the key does in this project (verl/trainer/config/upstream_keys.py)."""
+    from verl.trainer.config import upstream_keys
+
+    for alias in upstream_keys.ALIASES:
+        if key == alias.old or key.startswith(alias.old + "."):
+            return f"alias of `{alias.new + key[len(alias.old):]}` ({alias.note}; deprecation warning)"
+    for old, new in upstream_keys.GLOBAL_MICRO_BATCH_KEYS:
+        if key == old:
+            return f"implemented (deprecated: divided by the data-parallel size into `{new}`)"
+    kind, text = upstream_keys.behaviour(key)
+    if kind == "a":
+        return "implemented"
+    if kind == "b":
+        return f"no effect: {text}"
+    return text
 
 
 # Meanings of keys whose dataclass carries no comment for them, looked up by the longest matching
@@ -108,7 +113,7 @@ GLOSSARY = {
     "optim.eps": "AdamW epsilon",
     # rollout
     "rollout.name": "generation engine: hf (Hugging Face generate on the actor's weights, CPU and GPU) or vllm (GPU)",
-    "rollout.mode": "sync (the only mode)",
+    "rollout.mode": "sync or async; here both generate a step's whole batch in one engine call (hf, vllm in-process), so they give the same result",
     "rollout.n": "responses sampled per prompt (the group size of GRPO-style estimators)",
     "rollout.do_sample": "sample (true) or greedy (false)",
     "rollout.temperature": "sampling temperature (log-probs are computed at the same temperature)",
@@ -161,6 +166,35 @@ GLOSSARY = {
     # ray
     "ray_init.num_cpus": "CPUs of the private local Ray (null: all of this machine)",
     "ray_init.address": "join this Ray cluster (auto or host:port); null: a private local Ray (or RAY_ADDRESS)",
+    "fsdp_config.wrap_policy.min_num_params": "without a decoder-layer class: wrap every child module with at least this many parameters (0: the decoder layers)",
+    "fsdp.wrap_policy.min_num_params": "without a decoder-layer class: wrap every child module with at least this many parameters (0: the decoder layers)",
+    "fsdp.mixed_precision.param_dtype": "compute dtype of parameters (null: bf16 on CUDA, fp32 on CPU)",
+    "actor.tau_neg": "sapo: soft-gate temperature for negative advantages (policy_loss.tau_neg wins when given)",
+    "actor.tau_pos": "sapo: soft-gate temperature for positive advantages (policy_loss.tau_pos wins when given)",
+    "actor.model_config": "upstream's model-config object of the actor (set by its workers; null here)",
+    "ref.entropy_from_logits_with_chunking": "compute entropy in chunks (the reference policy computes none here)",
+    "rollout.engine_kwargs.vllm": "extra vllm engine arguments",
+    "rollout.engine_kwargs.hf": "extra hf engine arguments",
+    "critic.forward_micro_batch_size": "upstream's deprecated global size of a forward micro-batch",
+    "reward.custom_reward_function.path": "upstream's current spelling of custom_reward_function.path (used when that is null)",
+    "reward.custom_reward_function.name": "upstream's current spelling of custom_reward_function.name (used when that is null)",
+    "reward.reward_manager.source": "register: reward.reward_manager.name is a registered name; importlib: load module.path:module.name",
+    "reward.reward_manager.name": "upstream's current spelling of reward_model.reward_manager (used when that is null)",
+    "reward.reward_model.model_path": "upstream's current spelling of reward_model.model.path (used when that is null)",
+    "reward.reward_model.enable": "upstream's current spelling of reward_model.enable (used when that is null)",
+    "rollout_correction.loss_type": "bypass mode's loss: ppo_clip or reinforce (read by the rollout-correction losses)",
+    "rollout_correction.bypass_mode": "use the rollout log-probs as old log-probs (no old-policy forward pass)",
+    "rollout_correction.rollout_is_batch_normalize": "rescale IS weights to mean 1 over the batch",
+    "algorithm.use_pf_ppo": "PF-PPO: reweight the batch by reward before the update",
+    "pf_ppo.reweight_method": "PF-PPO weighting: pow, max_min or max_random",
+    "pf_ppo.weight_pow": "PF-PPO: exponent of the pow weighting",
+    "algorithm.gdpo_reward_keys": "GDPO: reward extra-info keys normalised per group and combined",
+    "algorithm.gdpo_reward_weights": "GDPO: weights of those keys (null: equal)",
+    "trainer.cpus_per_worker": "CPU share of one worker process; null: the node's CPUs shared out",
+    "trainer.torch_threads_per_worker": "torch intra-op threads of a worker; null: its CPU share, at least 1",
+    "trainer.plot": "write a PNG of reward and validation accuracy at the end",
+    "ray_init.runtime_env": "Ray runtime environment of the workers (passed to ray.init; e.g. env_vars)",
+    "ray_init.runtime_env.py_executable": "Ray runtime_env py_executable (passed to ray.init when set)",
     # NormConfig fields (printed bare)
     "mean_level": "subtract the mean over the group, the batch, or nothing (null)",
     "std_level": "divide by the std over the group, the batch, or nothing (null)",
@@ -325,6 +359,8 @@ def leaves(node, prefix: str):
 def generate() -> str:
     from omegaconf import OmegaConf
 
+    from verl.trainer.config.upstream_keys import EMBEDDED_PRESET
+
     raw = OmegaConf.to_container(OmegaConf.load(YAML), resolve=False)
     comments = yaml_comments(YAML)
     owners: dict[str, tuple[type, str]] = {}
@@ -350,7 +386,7 @@ def generate() -> str:
     for key, value in leaves(raw, ""):
         seen.add(key)
         section = key.split(".")[0]
-        rows_by_section.setdefault(section, []).append((key, fmt(value), meaning(key)))
+        rows_by_section.setdefault(section, []).append((key, fmt(value), here(key), meaning(key)))
     # dataclass fields the yaml does not list (reachable through a section that the yaml has)
     for key, (cls, name) in owners.items():
         if key in seen or any(s.startswith(key + ".") for s in seen):
@@ -362,7 +398,8 @@ def generate() -> str:
         if _dataclass_in(typing.get_type_hints(cls).get(name)) is not None:
             continue
         section = key.split(".")[0]
-        rows_by_section.setdefault(section, []).append((key, fmt(_default_of(cls, name)) + " *(not in yaml)*", meaning(key)))
+        rows_by_section.setdefault(section, []).append(
+            (key, fmt(_default_of(cls, name)), "implemented (not in upstream's yaml: append with `+`)", meaning(key)))
 
     out = [
         "# Configuration reference",
@@ -370,17 +407,42 @@ def generate() -> str:
         "<!-- generated by scripts/gen_config_reference.py from verl/trainer/config/ppo_trainer.yaml and the config",
         "     dataclasses; do not edit by hand: run `python scripts/gen_config_reference.py` -->",
         "",
-        "Every key of `python -m verl.trainer.main_ppo` with its default and meaning. Override any key on the",
-        "command line (`data.train_batch_size=64`); add a key that the yaml does not list with a `+` prefix",
-        "(`+reward_model.reward_kwargs.error_score=-1`). `${...}` defaults follow another key. Each section is",
-        "converted into its dataclass before anything starts: an unknown key or a bad value fails at once with",
-        "a message naming it. Batch sizes are explained in [batch_sizes.md](batch_sizes.md).",
+        "Every key of `python -m verl.trainer.main_ppo` with its default, what it does here, and its meaning.",
+        "The yaml holds every key of upstream verl's full PPO config with upstream's nesting and defaults.",
+        "Override any key on the command line (`data.train_batch_size=64`); add a key that the yaml does not",
+        "list with a `+` prefix (`+reward_model.reward_kwargs.error_score=-1`; for this project's own keys",
+        "`python -m verl.trainer.main_ppo` adds the `+` itself). `${...}` defaults follow another key. Each",
+        "section is converted into its dataclass before anything starts: an unknown key or a bad value fails",
+        "at once with a message naming it. Batch sizes are explained in [batch_sizes.md](batch_sizes.md).",
+        "",
+        "The column *here* says what each key does in this project:",
+        "",
+        "- **implemented**: upstream's meaning;",
+        "- **no effect**: accepted, and without effect because it tunes machinery this project does not have",
+        "  or does differently; a run that sets it to another value logs that once at start, with the reason;",
+        "- **not available**: a feature this project does not have; another value than the default (or than",
+        "  the values listed as implemented) fails before Ray starts with",
+        "  `<key>=<value>: <feature> is not available in this verl (available: ...)`;",
+        "- **alias**: an older upstream spelling, moved to the current key with a deprecation warning.",
+        "",
+        "**Embedded preset.** With `actor_rollout_ref.model.path` null the embedded toy job runs, and these",
+        "settings replace the defaults below, each only when you did not set that key:",
+        "",
+        "| key | embedded preset |",
+        "| --- | --- |",
+        *[f"| `{k}` | `{fmt(v)}` |" for k, v in EMBEDDED_PRESET.items()],
+        "",
+        "**Divergences from upstream's defaults** (deliberate): `actor_rollout_ref.model.path`, `data.train_files`",
+        "and `data.val_files` are null (the embedded job) instead of upstream's example paths;",
+        "`actor_rollout_ref.rollout.name` is `hf` (upstream: required, no default); `trainer.device` is `auto`",
+        "(upstream: `cuda`); `critic.model.path` follows the actor's model. The LoRA keys (`lora_rank`,",
+        "`lora_alpha`, `target_modules`, `exclude_modules`, `lora_adapter_path`, `lora.*`) are not listed yet.",
         "",
     ]
     for section, rows in rows_by_section.items():
-        out += [f"## `{section}`", "", "| key | default | meaning |", "| --- | --- | --- |"]
-        for key, default, text in rows:
-            out.append(f"| `{key}` | `{default}` | {text.replace('|', '/')} |")
+        out += [f"## `{section}`", "", "| key | default | here | meaning |", "| --- | --- | --- | --- |"]
+        for key, default, where, text in rows:
+            out.append(f"| `{key}` | `{default}` | {where.replace('|', '/')} | {text.replace('|', '/')} |")
         out.append("")
     # sections that are null in the yaml but have a dataclass (normalisation)
     from verl.trainer.config import NormConfig

@@ -14,6 +14,11 @@ def cfg(*overrides):
     return load_default_config(list(overrides))
 
 
+# a run with a model path gets upstream's defaults (no embedded preset): GRPO needs rollout.n > 1,
+# upstream's defaults leave the micro-batch size unset and log to wandb
+REAL_RUN = ("actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "trainer.logger=[console]")
+
+
 def test_default_and_grpo_configs_validate():
     v = validate_config(cfg())
     assert v.algorithm.adv_estimator == "gae" and v.use_critic and not v.use_reference_policy
@@ -126,11 +131,11 @@ def test_missing_local_files_are_named_before_anything_starts(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"data\.train_files='/no/such/train\.parquet': no such file"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "data.train_files=/no/such/train.parquet"))
     with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref\.model\.path='/no/such/model'"):
-        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=/no/such/model"))
+        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=/no/such/model", *REAL_RUN))
     with pytest.raises(FileNotFoundError, match=r"custom_reward_function\.path='missing_reward\.py'"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "custom_reward_function.path=missing_reward.py"))
     # a hub id is not a local path: it is left to the loader (which downloads when allowed)
-    validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct"))
+    validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", *REAL_RUN))
     existing = tmp_path / "train.parquet"
     existing.write_bytes(b"")
     validate_config(cfg("algorithm.adv_estimator=grpo", f"data.train_files=[{existing}]"))
@@ -138,7 +143,7 @@ def test_missing_local_files_are_named_before_anything_starts(tmp_path):
 
 def test_remote_and_file_uris_are_checked_before_anything_starts():
     with pytest.raises(NotImplementedError, match=r"actor_rollout_ref\.model\.path='hdfs://nn/models/x': remote storage"):
-        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=hdfs://nn/models/x"))
+        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=hdfs://nn/models/x", *REAL_RUN))
     with pytest.raises(FileNotFoundError, match=r"data\.val_files='/no/such/val\.parquet'"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "data.val_files=file:///no/such/val.parquet"))
 

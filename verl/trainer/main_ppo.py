@@ -31,17 +31,46 @@ __all__ = ["main", "run_ppo", "create_rl_dataset", "create_rl_sampler", "fill_em
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    run_ppo(config)
+    run_ppo(_with_embedded_preset(config))
 
 
-def load_default_config(overrides: list[str] | None = None) -> DictConfig:
-    """The default config with command-line style overrides, without running anything (tests,
-    notebooks): `load_default_config(["algorithm.adv_estimator=grpo"])`."""
+def _with_embedded_preset(config: DictConfig) -> DictConfig:
+    """The embedded toy job's preset (no model given), yielding to the command line's keys."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from verl.trainer.config.upstream_keys import apply_embedded_preset
+
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return apply_embedded_preset(config, overrides)
+
+
+def _normalized_argv(argv: list[str]) -> list[str]:
+    """`key=value` / `+key=value` work for this project's keys that the yaml does not list
+    (see `upstream_keys.normalize_overrides`)."""
+    from verl.trainer.config.upstream_keys import normalize_overrides
+
+    takes_value = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--info", "-i"}
+    spots = [i for i in range(1, len(argv))
+             if not argv[i].startswith("-") and argv[i - 1] not in takes_value]
+    out = list(argv)
+    for i, text in zip(spots, normalize_overrides([argv[i] for i in spots])):
+        out[i] = text
+    return out
+
+
+def load_default_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer",
+                        preset: bool = True) -> DictConfig:
+    """The config of `python -m verl.trainer.main_ppo <overrides>`, without running anything
+    (tests, notebooks): `load_default_config(["algorithm.adv_estimator=grpo"])`. With no model
+    path, the embedded toy job's preset applies (`preset=False`: the yaml's upstream defaults)."""
     from hydra import compose, initialize_config_module
 
+    from verl.trainer.config.upstream_keys import apply_embedded_preset, normalize_overrides
+
+    overrides = normalize_overrides(list(overrides or []))
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=list(overrides or []))
-    return cfg
+        cfg = compose(config_name=config_name, overrides=overrides)
+    return apply_embedded_preset(cfg, overrides) if preset else cfg
 
 
 def fill_embedded_defaults(config: DictConfig) -> DictConfig:
@@ -71,6 +100,9 @@ def _init_ray(ray_init: dict) -> bool:
     if ray.is_initialized():
         return False
     init_kwargs = {k: v for k, v in dict(ray_init or {}).items() if v is not None}
+    runtime_env = {k: v for k, v in dict(init_kwargs.pop("runtime_env", None) or {}).items() if v is not None}
+    if runtime_env:  # upstream passes ray_kwargs.ray_init.runtime_env (env_vars, ...) to ray.init
+        init_kwargs["runtime_env"] = runtime_env
     address = init_kwargs.pop("address", None) or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, **init_kwargs)
@@ -190,6 +222,7 @@ def run_ppo(config: DictConfig | dict, task_runner_class=None) -> dict[str, floa
     config = OmegaConf.create(OmegaConf.to_container(config, resolve=False))  # a private copy
     with open_dict(config):
         config.pop("hydra", None)
+    config = _upstream_surface(config)
     v = validate_config(config)  # fail fast, before the embedded default is built or Ray starts
     config = fill_embedded_defaults(config)
     OmegaConf.resolve(config)
@@ -204,5 +237,16 @@ def run_ppo(config: DictConfig | dict, task_runner_class=None) -> dict[str, floa
             ray.shutdown()
 
 
+def _upstream_surface(config: DictConfig) -> DictConfig:
+    """Upstream's keys mapped onto ours (aliases, the `reward` section...), (c) keys refused and
+    (b) keys logged: the config every later step and every worker reads."""
+    from verl.trainer.config.upstream_keys import check_upstream_surface
+
+    return check_upstream_surface(config)
+
+
 if __name__ == "__main__":
+    import sys
+
+    sys.argv = _normalized_argv(sys.argv)
     main()

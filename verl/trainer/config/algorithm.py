@@ -58,11 +58,13 @@ class FilterGroupsConfig(BaseConfig):
     """
 
     enable: bool = False
-    metric: str = "acc"
+    metric: str | None = "acc"  # null (upstream's yaml default) = acc
     max_num_gen_batches: int = 0
     keep_generating: bool = True
 
     def __post_init__(self):
+        if self.metric is None:
+            self.metric = "acc"
         check_range("algorithm.filter_groups", "max_num_gen_batches", self.max_num_gen_batches, low=0)
 
 
@@ -73,18 +75,33 @@ class RolloutCorrectionConfig(BaseConfig):
 
     - `rollout_is`: truncated importance-sampling weights `min(exp(old_logp - rollout_logp), C)`
       at `token` or `sequence` level; null = off. `rollout_is_threshold` is C.
-    - `rollout_rs`: rejection (masking) instead of reweighting; null = off.
+    - `rollout_rs`: rejection (masking) instead of reweighting; null = off. Upstream also takes a
+      comma-separated list of rules (`token_k1,seq_max_k2`), with `rollout_rs_threshold` one
+      value per rule or one for all, and thresholds written as `"lower_upper"` strings; those
+      values are passed through unchanged to `rollout_corr_helper`, which checks them.
+    - `rollout_is_batch_normalize`: rescale the IS weights to mean 1 over the batch.
+    - `bypass_mode`: use the rollout log-probs as the old log-probs (no old-policy forward pass);
+      `loss_type` (`ppo_clip` or `reinforce`) selects the loss of that mode.
+
+    The dataclass default of `rollout_is` is upstream's (`sequence`); the yaml's is null (off),
+    as upstream's yaml.
     """
 
-    rollout_is: str | None = None
-    rollout_is_threshold: float = 2.0
+    rollout_is: str | None = "sequence"
+    # a float, or upstream's "lower_upper" string (IcePop-style bounds)
+    rollout_is_threshold: float | str = 2.0
     rollout_rs: str | None = None
-    rollout_rs_threshold: float | None = None
+    rollout_rs_threshold: float | str | None = None
     rollout_rs_threshold_lower: float | None = None
+    rollout_is_batch_normalize: bool = False
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"
 
     def __post_init__(self):
         check_choice("algorithm.rollout_correction", "rollout_is", self.rollout_is, (None, "token", "sequence"))
-        check_range("algorithm.rollout_correction", "rollout_is_threshold", self.rollout_is_threshold, low=0.0, low_open=True)
+        if not isinstance(self.rollout_is_threshold, str):
+            check_range("algorithm.rollout_correction", "rollout_is_threshold", self.rollout_is_threshold, low=0.0, low_open=True)
+        check_choice("algorithm.rollout_correction", "loss_type", self.loss_type, ("ppo_clip", "reinforce"))
 
 
 @dataclass
@@ -108,6 +125,13 @@ class AlgoConfig(BaseConfig):
     adv_norm: NormConfig | None = None
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    # PF-PPO: reweight (resample) the batch by reward before the update (core_algos'
+    # compute_pf_ppo_reweight_data reads pf_ppo: reweight_method pow | max_min | max_random, weight_pow)
+    use_pf_ppo: bool = False
+    pf_ppo: dict = field(default_factory=lambda: {"reweight_method": "pow", "weight_pow": 2.0})
+    # GDPO: the reward extra-info keys whose group-normalised advantages are combined, and their weights
+    gdpo_reward_keys: list | None = None
+    gdpo_reward_weights: list | None = None
 
     def __post_init__(self):
         check_choice("algorithm", "gae_timestep_unit", self.gae_timestep_unit, ("token", "turn"))

@@ -66,7 +66,7 @@ class DataConfig(BaseConfig):
     return_full_prompt: bool = False
     shuffle: bool = True
     validation_shuffle: bool = False
-    seed: int = 1
+    seed: int | None = 1  # null (upstream's yaml default) = 1
     filter_overlong_prompts: bool = True
     truncation: str = "error"
     dataloader_num_workers: int = 0
@@ -74,6 +74,8 @@ class DataConfig(BaseConfig):
 
     def __post_init__(self):
         owner = "data"
+        if self.seed is None:
+            self.seed = 1
         check_choice(owner, "truncation", self.truncation, TRUNCATION_MODES)
         check_range(owner, "max_prompt_length", self.max_prompt_length, low=1)
         check_range(owner, "max_response_length", self.max_response_length, low=1)

@@ -148,8 +148,9 @@ class RayKwargsConfig(BaseConfig):
     With no `address` (and no RAY_ADDRESS in the environment) a private single-machine Ray is
     started on loopback; with one, the driver joins that cluster.
 
-    - `ray_init`: keyword arguments of `ray.init`; `num_cpus` (null: all CPUs of this machine)
-      and `address` (null: a private local Ray; `auto` or `host:port`: join a cluster).
+    - `ray_init`: keyword arguments of `ray.init`; `num_cpus` (null: all CPUs of this machine),
+      `address` (null: a private local Ray; `auto` or `host:port`: join a cluster) and
+      `runtime_env` (passed to `ray.init`; null entries are dropped, e.g. `env_vars`).
     - `timeline_json_file`: when set, a Ray timeline (chrome://tracing) is written there at the end.
     """
 

@@ -202,7 +202,9 @@ def validate_config(config: Any) -> ValidatedConfig:
     from verl.utils.import_utils import import_external_libs
     from verl.utils.tracking import check_backends_available
 
-    cfg = _sections(config)
+    from verl.trainer.config.upstream_keys import check_upstream_surface
+
+    cfg = check_upstream_surface(_sections(config))  # upstream keys: aliases, (b) log, (c) refusals
     unknown = sorted(set(cfg.keys()) - set(TOP_LEVEL_SECTIONS) - {"hydra"})
     if unknown:
         raise ValueError(f"unknown top-level config section(s) {unknown}; accepted: {list(TOP_LEVEL_SECTIONS)}")

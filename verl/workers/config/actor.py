@@ -9,6 +9,7 @@ budget `ppo_max_token_len_per_gpu`. See docs/batch_sizes.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from verl.base_config import BaseConfig, check_choice, check_range
 from verl.workers.config.engine import FSDPEngineConfig
@@ -41,6 +42,11 @@ class PolicyLossConfig(BaseConfig):
     pg_use_ratio: bool = False
     # free-form knobs for user-registered losses (read with core_algos.config_get(cfg.policy_loss.extra, key))
     extra: dict = field(default_factory=dict)
+    # dro: beta of the DRO loss (read by core_algos); null = the loss's own default
+    dro_beta: float | None = None
+    # the run's algorithm.rollout_correction, set by the actor before a loss is called (upstream
+    # passes it to bypass-mode losses this way); null outside a run
+    rollout_correction: Any = None
 
     def __post_init__(self):
         check_range("actor.policy_loss", "tau_pos", self.tau_pos, low=0.0, low_open=True)
@@ -54,7 +60,12 @@ class ActorConfig(BaseConfig):
     """The policy being trained. Loss = policy loss - entropy_coeff * entropy + kl_loss_coef * KL."""
 
     strategy: str = "fsdp"
+    # responses per prompt (interpolated from actor_rollout_ref.rollout.n)
+    rollout_n: int = 1
     ppo_mini_batch_size: int = 32
+    # upstream's deprecated global micro-batch size: divided by the data-parallel size into
+    # ppo_micro_batch_size_per_gpu when that is null
+    ppo_micro_batch_size: int | None = None
     ppo_micro_batch_size_per_gpu: int | None = None
     use_dynamic_bsz: bool = True
     ppo_max_token_len_per_gpu: int = 16384
@@ -66,6 +77,9 @@ class ActorConfig(BaseConfig):
     clip_ratio_low: float | None = None  # null = clip_ratio
     clip_ratio_high: float | None = None  # null = clip_ratio
     clip_ratio_c: float = 3.0
+    # sapo soft-gate temperatures (upstream's place; policy_loss.tau_pos/tau_neg win when given)
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     loss_agg_mode: str = "token-mean"
     # constant divisor of seq-mean-token-sum-norm; null = rollout.response_length
@@ -82,6 +96,17 @@ class ActorConfig(BaseConfig):
     checkpoint: dict = field(default_factory=lambda: {"save_contents": ["model", "optimizer", "extra"]})
     # ignored in this implementation (upstream Ulysses); must stay 1
     ulysses_sequence_parallel_size: int = 1
+    # upstream fields held for code written against upstream's ActorConfig; see the "here"
+    # column of docs/config_reference.md for what each does in this project
+    use_torch_compile: bool = True
+    calculate_entropy: bool = False
+    calculate_sum_pi_squared: bool = False
+    use_fused_kernels: bool = False
+    use_prefix_grouper: bool = False
+    profiler: dict = field(default_factory=dict)
+    # upstream's engine config and model config objects (set by its workers); null here
+    engine: Any = None
+    model_config: Any = None
 
     def __post_init__(self):
         owner = "actor_rollout_ref.actor"
@@ -97,7 +122,8 @@ class ActorConfig(BaseConfig):
             self.clip_ratio_low = self.clip_ratio
         if self.clip_ratio_high is None:
             self.clip_ratio_high = self.clip_ratio
-        check_range(owner, "clip_ratio_low", self.clip_ratio_low, low=0.0, high=1.0)
+        # above 1 is allowed: e.g. CISPO's clip_ratio_low=10 (no lower clip in effect)
+        check_range(owner, "clip_ratio_low", self.clip_ratio_low, low=0.0)
         check_range(owner, "clip_ratio_high", self.clip_ratio_high, low=0.0)
         if not self.clip_ratio_c > 1.0:
             raise ValueError(f"{owner}.clip_ratio_c={self.clip_ratio_c} must be > 1 (dual-clip lower bound)")
@@ -130,11 +156,14 @@ class RefConfig(BaseConfig):
     """The frozen reference policy used for KL (in reward or in loss)."""
 
     strategy: str = "fsdp"
+    # upstream's deprecated global size (see ActorConfig.ppo_micro_batch_size)
+    log_prob_micro_batch_size: int | None = None
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
     fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
     ulysses_sequence_parallel_size: int = 1
+    entropy_from_logits_with_chunking: bool = False
 
     def __post_init__(self):
         owner = "actor_rollout_ref.ref"

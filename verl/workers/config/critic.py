@@ -27,8 +27,12 @@ class CriticConfig(BaseConfig):
     rollout_n: int = 1  # interpolated from actor_rollout_ref.rollout.n
     model: HFModelConfig = field(default_factory=HFModelConfig)
     optim: OptimizerConfig = field(default_factory=_critic_optim)
-    fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
+    # upstream's key (older spellings critic.model.fsdp_config / critic.fsdp_config are aliases)
+    fsdp: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
     ppo_mini_batch_size: int = 256
+    # upstream's deprecated global sizes (see ActorConfig.ppo_micro_batch_size)
+    ppo_micro_batch_size: int | None = None
+    forward_micro_batch_size: int | None = None
     ppo_micro_batch_size_per_gpu: int | None = None
     forward_micro_batch_size_per_gpu: int | None = None
     use_dynamic_bsz: bool = False
@@ -42,6 +46,13 @@ class CriticConfig(BaseConfig):
     loss_agg_mode: str = "token-mean"
     checkpoint: dict = field(default_factory=lambda: {"save_contents": ["model", "optimizer", "extra"]})
     ulysses_sequence_parallel_size: int = 1
+    # follows actor.loss_scale_factor; the value loss here is aggregated by loss_agg_mode alone
+    loss_scale_factor: float | None = None
+
+    @property
+    def fsdp_config(self) -> FSDPEngineConfig:
+        """This project's earlier name of `fsdp` (read-only view)."""
+        return self.fsdp
 
     def __post_init__(self):
         owner = "critic"
@@ -66,7 +77,8 @@ class RewardModelConfig(BaseConfig):
     (e.g. the DAPO `overlong_buffer_cfg`).
     """
 
-    enable: bool = False
+    # null: reward.reward_model.enable (upstream's current key), else False
+    enable: bool | None = False
     strategy: str = "fsdp"
     model: HFModelConfig = field(default_factory=HFModelConfig)
     fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
@@ -74,7 +86,8 @@ class RewardModelConfig(BaseConfig):
     max_length: int | None = None
     use_dynamic_bsz: bool = False
     forward_max_token_len_per_gpu: int = 32768
-    reward_manager: str = "naive"
+    # null: reward.reward_manager.name (upstream's current key)
+    reward_manager: str | None = "naive"
     reward_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self):

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from verl.base_config import BaseConfig, check_choice
 
 DTYPES = ("fp32", "bf16", "fp16")
+# upstream scripts also write torch's names (`model_dtype=bfloat16`); they mean the same dtypes
+DTYPE_SPELLINGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
 
 @dataclass
@@ -21,6 +23,7 @@ class MixedPrecisionConfig(BaseConfig):
 
     def __post_init__(self):
         if self.param_dtype is not None:
+            self.param_dtype = DTYPE_SPELLINGS.get(self.param_dtype, self.param_dtype)
             check_choice("fsdp_config.mixed_precision", "param_dtype", self.param_dtype, DTYPES)
 
 
@@ -49,6 +52,7 @@ class FSDPEngineConfig(BaseConfig):
     wrap_policy: dict = field(default_factory=dict)  # {"min_num_params": N}; default: wrap each decoder layer
 
     def __post_init__(self):
-        check_choice("fsdp_config", "model_dtype", self.model_dtype, DTYPES)
+        self.model_dtype = DTYPE_SPELLINGS.get(self.model_dtype, self.model_dtype)
+        check_choice("fsdp_config", "model_dtype", self.model_dtype, DTYPES + ("float32", "bfloat16", "float16"))
         if self.fsdp_size == 0 or self.fsdp_size < -1:
             raise ValueError(f"fsdp_config.fsdp_size={self.fsdp_size} must be -1 (all workers) or a positive int")

@@ -27,4 +27,6 @@ class HFModelConfig(BaseConfig):
     override_config: dict[str, Any] = field(default_factory=dict)
     enable_gradient_checkpointing: bool = False
     use_remove_padding: bool = True  # pack sequences (no compute on padding) in log-prob and update passes
-    trust_remote_code: bool = False
+    trust_remote_code: bool | None = False  # null (upstream's reward_model.model default) = False
+    # upstream scripts append it with `+`; master weights here are fsdp_config.model_dtype
+    torch_dtype: str | None = None

@@ -52,6 +52,8 @@ class RolloutConfig(BaseConfig):
     calculate_log_probs: bool = True
     # hf engine: sequences generated per forward batch (bounds memory); null = all at once
     micro_batch_size: int | None = None
+    # upstream's deprecated global size (see ActorConfig.ppo_micro_batch_size)
+    log_prob_micro_batch_size: int | None = None
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
@@ -68,7 +70,9 @@ class RolloutConfig(BaseConfig):
 
     def __post_init__(self):
         owner = "actor_rollout_ref.rollout"
-        check_choice(owner, "mode", self.mode, ("sync",))
+        # async: upstream serves requests from an agent loop; the engines here (hf, vllm in-process)
+        # generate a step's whole batch in one call in both modes, so both give the same result
+        check_choice(owner, "mode", self.mode, ("sync", "async"))
         check_range(owner, "n", self.n, low=1)
         check_range(owner, "temperature", self.temperature, low=0.0)
         check_range(owner, "top_p", self.top_p, low=0.0, high=1.0, low_open=True)
