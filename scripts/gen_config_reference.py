@@ -379,6 +379,10 @@ def generate() -> str:
                 docs_cache[cls] = dataclass_docs(cls)
             if docs_cache[cls].get(name):
                 return docs_cache[cls][name]
+        from verl.trainer.config.upstream_keys import rule_for
+
+        if rule_for(key) is not None and key.startswith(("reward_model.rollout.", "reward.")):
+            return ""  # the suffix glossary describes the actor's rollout, not these; "here" explains them
         return glossary(key)
 
     rows_by_section: dict[str, list[tuple[str, str, str]]] = {}

@@ -64,8 +64,12 @@ def _compare_defaults(node, defaults, path, mismatches):
     """`defaults`: a dataclass class (top-level field defaults) or a default instance (nested)."""
     import dataclasses
 
+    from verl.trainer.config.upstream_keys import rule_for
+
     fields = {f.name: f for f in dataclasses.fields(defaults)}
     for key, yaml_value in node.items():
+        if rule_for(f"{path}{key}") is not None or f"{path}{key}" in DEFAULTS_NOT_EQUAL:
+            continue  # a key without effect or not available here (upstream_keys), or a listed exception
         assert key in fields, f"{path}{key} is in the yaml but not a field of {defaults.__name__ if isinstance(defaults, type) else type(defaults).__name__}"
         if isinstance(defaults, type):
             f = fields[key]
@@ -79,22 +83,32 @@ def _compare_defaults(node, defaults, path, mismatches):
             continue  # interpolated from another key
         if dataclasses.is_dataclass(default):
             default = default.to_dict()
+        if isinstance(default, dict) and isinstance(yaml_value, dict) and default:
+            yaml_value = {k: v for k, v in yaml_value.items() if k in default}  # upstream's extra entries have rules
         default = list(default) if isinstance(default, tuple) else default
         if default != yaml_value:
             mismatches.append(f"{path}{key}: yaml {yaml_value!r} vs dataclass {default!r}")
 
 
+# rollout_is: upstream's own dataclass default differs from its yaml, ours follow upstream in both
+# places; actor.profiler: a dict field held for upstream's API, its yaml entries are all keys that
+# are not available here (see docs/config_reference.md)
+DEFAULTS_NOT_EQUAL = {"algorithm.rollout_correction.rollout_is", "actor_rollout_ref.actor.profiler"}
+
+
 def test_yaml_defaults_equal_dataclass_defaults():
-    """One set of defaults: building a config dataclass directly gives what the CLI gives."""
+    """One set of defaults: building a config dataclass directly gives what the CLI gives for the
+    default run (`python -m verl.trainer.main_ppo`: the embedded job, i.e. the yaml with the
+    embedded preset, after upstream's keys are mapped onto ours)."""
     from omegaconf import OmegaConf
 
     from verl.trainer.config.data import DataConfig
     from verl.trainer.config.trainer import TrainerConfig
+    from verl.trainer.config.upstream_keys import check_upstream_surface
+    from verl.trainer.main_ppo import load_default_config
     from verl.workers.config import CriticConfig, HFModelConfig, RefConfig, RewardModelConfig
 
-    yaml_cfg = OmegaConf.to_container(
-        OmegaConf.load(__import__("pathlib").Path(__file__).parents[1] / "verl/trainer/config/ppo_trainer.yaml")
-    )
+    yaml_cfg = OmegaConf.to_container(check_upstream_surface(load_default_config([])), resolve=False)
     sections = {
         ("data",): DataConfig,
         ("actor_rollout_ref", "model"): HFModelConfig,

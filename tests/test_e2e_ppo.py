@@ -81,6 +81,8 @@ def assets(tmp_path_factory):
     return files
 
 
+# the runs below use a tiny model of their own with the embedded job's settings:
+# load_default_config(..., preset="always") (a model path alone would give upstream's defaults)
 def base_overrides(assets, run_dir) -> list[str]:
     return [
         f"actor_rollout_ref.model.path={assets['model']}",
@@ -109,7 +111,7 @@ def base_overrides(assets, run_dir) -> list[str]:
 
 
 def run(assets, run_dir, *overrides) -> tuple[dict, dict[int, dict]]:
-    cfg = load_default_config(base_overrides(assets, run_dir) + list(overrides))
+    cfg = load_default_config(base_overrides(assets, run_dir) + list(overrides), preset="always")
     out = run_ppo(cfg)
     metrics: dict[int, dict] = {}
     with open(os.path.join(run_dir, "log", "metrics.jsonl")) as fh:
@@ -279,12 +281,12 @@ def test_resume_is_exact_across_an_epoch_boundary(ray_session, assets, tmp_path)
 
 
 def test_bad_config_value_fails_before_anything_starts(assets, tmp_path):
-    cfg = load_default_config(base_overrides(assets, tmp_path) + ["actor_rollout_ref.actor.policy_loss.loss_mode=nope"])
+    cfg = load_default_config(base_overrides(assets, tmp_path) + ["actor_rollout_ref.actor.policy_loss.loss_mode=nope"], preset="always")
     t0 = time.time()
     with pytest.raises(ValueError, match=r"loss_mode='nope' is not a registered policy loss; registered: \["):
         run_ppo(cfg)
     assert time.time() - t0 < 10
-    cfg = load_default_config(base_overrides(assets, tmp_path) + ["data.train_batch_size=3"])
+    cfg = load_default_config(base_overrides(assets, tmp_path) + ["data.train_batch_size=3"], preset="always")
     with pytest.raises(ValueError, match=r"data\.train_batch_size \* actor_rollout_ref\.rollout\.n|ppo_mini_batch_size=4 is larger"):
         run_ppo(cfg)
 
@@ -294,7 +296,7 @@ def test_bad_data_row_names_the_file_and_row(ray_session, assets, tmp_path):
     rows[5]["prompt"] = "not a list of messages"
     bad = tmp_path / "bad.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = load_default_config(base_overrides(assets, tmp_path) + ["algorithm.adv_estimator=grpo", f"data.train_files={bad}"])
+    cfg = load_default_config(base_overrides(assets, tmp_path) + ["algorithm.adv_estimator=grpo", f"data.train_files={bad}"], preset="always")
     with pytest.raises(Exception, match=r"bad\.jsonl.*row 5") as info:
         run_ppo(cfg)
     assert "prompt" in str(info.value)

@@ -59,10 +59,11 @@ def _normalized_argv(argv: list[str]) -> list[str]:
 
 
 def load_default_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer",
-                        preset: bool = True) -> DictConfig:
+                        preset: bool | str = True) -> DictConfig:
     """The config of `python -m verl.trainer.main_ppo <overrides>`, without running anything
     (tests, notebooks): `load_default_config(["algorithm.adv_estimator=grpo"])`. With no model
-    path, the embedded toy job's preset applies (`preset=False`: the yaml's upstream defaults)."""
+    path, the embedded toy job's preset applies (`preset=False`: the yaml's upstream defaults;
+    `preset="always"`: the toy job's settings with a model of your own too, e.g. a tiny test model)."""
     from hydra import compose, initialize_config_module
 
     from verl.trainer.config.upstream_keys import apply_embedded_preset, normalize_overrides
@@ -70,7 +71,7 @@ def load_default_config(overrides: list[str] | None = None, config_name: str = "
     overrides = normalize_overrides(list(overrides or []))
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         cfg = compose(config_name=config_name, overrides=overrides)
-    return apply_embedded_preset(cfg, overrides) if preset else cfg
+    return apply_embedded_preset(cfg, overrides, always=preset == "always") if preset else cfg
 
 
 def fill_embedded_defaults(config: DictConfig) -> DictConfig:

@@ -337,13 +337,14 @@ def override_keys(overrides: list[str] | None) -> set[str]:
     return keys
 
 
-def apply_embedded_preset(cfg: DictConfig, overrides: list[str] | None) -> DictConfig:
-    """Put the embedded toy job's settings into `cfg` (in place) when no model is given.
+def apply_embedded_preset(cfg: DictConfig, overrides: list[str] | None, always: bool = False) -> DictConfig:
+    """Put the embedded toy job's settings into `cfg` (in place) when no model is given (or
+    `always`, e.g. for a tiny test model).
 
     A preset key is left alone when the user set it, or a section above it, or a key below it
     (`trainer.logger=[console]`, `actor_rollout_ref.actor.optim={lr: 1e-5}`). Returns `cfg`.
     """
-    if OmegaConf.select(cfg, "actor_rollout_ref.model.path") is not None:
+    if not always and OmegaConf.select(cfg, "actor_rollout_ref.model.path") is not None:
         return cfg
     user = override_keys(overrides)
     with open_dict(cfg):
