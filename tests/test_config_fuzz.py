@@ -143,7 +143,7 @@ BAD: list[tuple[tuple[str, ...], str | None, str]] = [
     (("trainer.total_training_steps=1.5",), None, "type"),
     (("trainer.plot=sometimes",), None, "type"),
     (("ray_kwargs.ray_init=abc",), None, "type"),
-    (("ray_kwargs.timeline_json_file=[a]",), None, "type"),
+    (("++ray_kwargs.timeline_json_file=[a]",), None, "type"),
     # ---- enums and registries
     (("data.truncation=sideways",), None, "enum"),
     ((f"{A}.loss_agg_mode=mean",), None, "enum"),
