@@ -52,6 +52,20 @@ CRITIC_ESTIMATORS = frozenset({"gae"})
 TOP_LEVEL_SECTIONS = ("data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function",
                       "algorithm", "trainer", "ray_kwargs")
 ACTOR_ROLLOUT_REF_KEYS = ("hybrid_engine", "model", "actor", "ref", "rollout")
+# dotted section -> the dataclass it is converted into (for key listings and suggestions)
+SECTION_DATACLASSES: dict[str, type] = {
+    "data": DataConfig,
+    "actor_rollout_ref.model": HFModelConfig,
+    "actor_rollout_ref.actor": ActorConfig,
+    "actor_rollout_ref.ref": RefConfig,
+    "actor_rollout_ref.rollout": RolloutConfig,
+    "critic": CriticConfig,
+    "reward_model": RewardModelConfig,
+    "custom_reward_function": CustomRewardFunctionConfig,
+    "algorithm": AlgoConfig,
+    "trainer": TrainerConfig,
+    "ray_kwargs": RayKwargsConfig,
+}
 
 
 def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
