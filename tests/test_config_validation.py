@@ -122,15 +122,29 @@ def test_rollout_correction_needs_rollout_log_probs():
         validate_config(cfg("algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=False"))
 
 
-def test_missing_local_files_are_named_before_anything_starts(tmp_path):
+def test_missing_local_files_are_named_before_anything_starts(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"data\.train_files='/no/such/train\.parquet': no such file"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "data.train_files=/no/such/train.parquet"))
     with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref\.model\.path='/no/such/model'"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=/no/such/model"))
     with pytest.raises(FileNotFoundError, match=r"custom_reward_function\.path='missing_reward\.py'"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "custom_reward_function.path=missing_reward.py"))
-    # a hub id is not a local path: it is left to the loader (which downloads when allowed)
-    validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct"))
+    # a hub id is not a local path: it is left to the loader when it can be fetched (cached or hub reachable)
+    import verl.trainer.ppo.utils as ppo_utils
+
+    with monkeypatch.context() as m:
+        m.setattr(ppo_utils, "_offline_reason", lambda repo_id: None)
+        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct"))
+    # ... and refused before anything starts when it cannot
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref\.model\.path='no-such-org/no-such-model' is not a local "
+                                                 r"model directory.*cannot be fetched offline: HF_HUB_OFFLINE"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=no-such-org/no-such-model"))
+    empty = tmp_path / "empty_model"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref\.model\.path='.*empty_model' is not a local model "
+                                                 r"directory: config\.json missing"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", f"actor_rollout_ref.model.path={empty}"))
     existing = tmp_path / "train.parquet"
     existing.write_bytes(b"")
     validate_config(cfg("algorithm.adv_estimator=grpo", f"data.train_files=[{existing}]"))
