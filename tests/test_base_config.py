@@ -126,6 +126,8 @@ def test_omega_conf_to_dataclass_empty_sections_objects_and_non_dataclass_target
     assert omega_conf_to_dataclass(OmegaConf.create({})) is None
     built = _Inner(hidden_size=9)
     assert omega_conf_to_dataclass(built, _Inner) is built  # an object is returned as is
+    bare = BaseConfig()
+    assert omega_conf_to_dataclass(bare, _Inner) is bare  # even one without fields (len 0)
     # a _target_ that is not a dataclass is built by Hydra's instantiate (nested targets included)
     out = omega_conf_to_dataclass({"_target_": "collections.OrderedDict", "a": {"_target_": "fractions.Fraction", "numerator": 1, "denominator": 4}})
     assert list(out) == ["a"] and str(out["a"]) == "1/4"

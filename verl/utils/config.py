@@ -213,7 +213,10 @@ def _type_message(key: str, value: Any, tp: Any) -> str:
     if isinstance(value, str) and _bare(tp) is bool:
         msg += " (write true or false)"
     elif isinstance(value, float) and _bare(tp) is int:
-        msg += " (an integer field never takes a float: it would be truncated)"
+        if value.is_integer():
+            msg += f" (write {int(value)}: an integer field takes no float)"
+        else:
+            msg += " (an integer field never takes a float: it would be truncated)"
     return msg
 
 
@@ -258,7 +261,7 @@ def omega_conf_to_dataclass(config: Any, dataclass_type: type | None = None, _pa
     messages). Unknown keys raise ValueError naming the full key, the closest fields and all
     accepted keys; mistyped values raise ConfigTypeError.
     """
-    if not config:
+    if config is None or (isinstance(config, (DictConfig, ListConfig, dict, list)) and len(config) == 0):
         return None if dataclass_type is None else dataclass_type()
     if not isinstance(config, (DictConfig, ListConfig, dict, list)):
         return config
