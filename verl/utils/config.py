@@ -28,7 +28,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-__all__ = ["omega_conf_to_dataclass", "ConfigTypeError", "check_value_type", "describe_type", "closest_keys"]
+__all__ = ["ConfigTypeError", "check_value_type", "closest_keys", "describe_type", "omega_conf_to_dataclass"]
 
 
 class ConfigTypeError(TypeError, ValueError):
@@ -242,12 +242,12 @@ def _qualify(exc: Exception, path: str) -> Exception | None:
     if not path or type(exc) not in (ValueError, TypeError):
         return None
     msg = str(exc)
-    if msg.startswith(path + ".") or msg.startswith(path + " ") or msg.startswith(path + ":"):
+    if msg.startswith((path + ".", path + " ", path + ":")):
         return None
     parts = path.split(".")
     for i in range(1, len(parts)):
         suffix = ".".join(parts[i:])
-        if msg.startswith(suffix + ".") or msg.startswith(suffix + "="):
+        if msg.startswith((suffix + ".", suffix + "=")):
             return type(exc)(path + msg[len(suffix):])
     if path in msg:
         return None

@@ -415,7 +415,7 @@ def check_roles_colocated(cfg: Any) -> None:
         raise ValueError(f"actor_rollout_ref.hybrid_engine=False: {_STANDALONE_ROLLOUT}")
     pools = _get(cfg, "trainer.role_pools") or {}
     if hasattr(pools, "keys"):
-        for role in pools.keys():
+        for role in pools:
             if str(role) in ("rollout", "actor", "actor_rollout"):
                 raise ValueError(f"trainer.role_pools.{role}: {_STANDALONE_ROLLOUT}")
 
@@ -459,7 +459,7 @@ def check_rollout_engine(rollout: RolloutConfig) -> None:
             )
     hf = engine_kwargs.get("hf") or {}
     if not isinstance(hf, dict):
-        raise ValueError(f"{owner}.engine_kwargs.hf={hf!r}: expected a mapping of {sorted(HF_ENGINE_KWARGS)}")
+        raise TypeError(f"{owner}.engine_kwargs.hf={hf!r}: expected a mapping of {sorted(HF_ENGINE_KWARGS)}")
     for key, value in hf.items():
         where = f"{owner}.engine_kwargs.hf.{key}"
         if key not in HF_ENGINE_KWARGS:
@@ -496,7 +496,7 @@ def check_checkpoint_contents(owner: str, checkpoint: Any) -> None:
             continue
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):
-            raise ValueError(f"{where}={value!r}: expected a list of {list(allowed)}")
+            raise TypeError(f"{where}={value!r}: expected a list of {list(allowed)}")
         bad = [c for c in items if c not in allowed]
         if bad:
             raise ValueError(f"{where}={list(items)!r}: unknown entries {bad}; expected one of {list(allowed)}")
@@ -538,7 +538,7 @@ def check_reward_functions(v: ValidatedConfig) -> None:
                 )
     elif kwargs:
         raise ValueError(
-            f"custom_reward_function.reward_kwargs.{sorted(kwargs)[0]}: the shipped default_compute_score reads no keyword "
+            f"custom_reward_function.reward_kwargs.{min(kwargs)}: the shipped default_compute_score reads no keyword "
             "arguments (its rule-based scorers ignore them); set custom_reward_function.path to a function that accepts "
             f"{sorted(kwargs)}, or remove them"
         )
@@ -568,7 +568,7 @@ def check_gae_lambda(algo: AlgoConfig) -> None:
 
         fn = core_algos._resolve_callable(algo.lam)  # raises naming algorithm.lam and the registered names
         if not callable(fn):
-            raise ValueError(f"algorithm.lam={algo.lam!r} is not callable; expected a number in [0, 1] or a lambda function")
+            raise TypeError(f"algorithm.lam={algo.lam!r} is not callable; expected a number in [0, 1] or a lambda function")
 
 
 def _offline_reason(repo_id: str) -> str | None:
@@ -579,7 +579,7 @@ def _offline_reason(repo_id: str) -> str | None:
         cached = try_to_load_from_cache(repo_id, "config.json")
         if isinstance(cached, str):
             return None
-    except Exception:  # noqa: BLE001 - an invalid id or an old hub library: fall through to the reachability test
+    except Exception:  # noqa: BLE001, S110 - an invalid id or an old hub library: fall through to the reachability test
         pass
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if os.environ.get(var, "").lower() in ("1", "true", "yes", "on"):
@@ -610,7 +610,7 @@ def check_model_dirs(v: ValidatedConfig) -> None:
     for key, path in checks:
         if path is None or is_non_local(str(path)):
             continue  # null: the embedded default; remote storage: check_paths_exist refuses it
-        local = os.path.expanduser(str(path)[len("file://"):] if str(path).startswith("file://") else str(path))
+        local = os.path.expanduser(str(path).removeprefix("file://"))
         if os.path.isdir(local):
             if not os.path.isfile(os.path.join(local, "config.json")):
                 raise FileNotFoundError(
