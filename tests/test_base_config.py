@@ -175,6 +175,19 @@ def test_accepted_conversions_numbers_strings_and_lists():
         omega_conf_to_dataclass({"logger": ["console", [1]]}, TrainerConfig, _path="trainer")
 
 
+def test_numbers_and_booleans_given_as_text_are_refused_with_a_hint():
+    with pytest.raises(ConfigTypeError, match=r"max_prompt_length='512': expected an integer.*oc\.decode"):
+        omega_conf_to_dataclass(OmegaConf.create({"max_prompt_length": "512"}), DataConfig, _path="data")
+    with pytest.raises(ConfigTypeError, match=r"shuffle='true': .*without quotes"):
+        omega_conf_to_dataclass({"shuffle": "true"}, DataConfig, _path="data")
+    # the documented way to read a number from the environment works
+    import os
+
+    os.environ["VERL_TEST_MAX_LEN"] = "64"
+    section = OmegaConf.create({"max_prompt_length": "${oc.decode:${oc.env:VERL_TEST_MAX_LEN}}"})
+    assert omega_conf_to_dataclass(section, DataConfig).max_prompt_length == 64
+
+
 def test_unknown_key_suggests_the_closest_field():
     with pytest.raises(ValueError, match=r"trainer\.totl_epochs: did you mean trainer\.total_epochs\?.*accepted keys"):
         omega_conf_to_dataclass({"totl_epochs": 3}, TrainerConfig, _path="trainer")

@@ -160,6 +160,8 @@ def check_cli_overrides(argv: list[str]) -> None:
             config_name = arg.split("=", 1)[1]
         elif arg in ("--config-path", "-cp", "--config-dir", "-cd") or arg.startswith(("--config-path=", "--config-dir=")):
             return  # a config of the user's own: Hydra reports its errors
+        elif arg in ("-m", "--multirun"):
+            return  # sweeps (`a=1,2`) are Hydra's to expand
         elif arg.startswith("-"):
             continue
         elif not arg.lstrip("+~").startswith("hydra."):

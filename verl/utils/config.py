@@ -211,13 +211,28 @@ def _conform_item(value: Any, tp: Any, key: str) -> Any:
 def _type_message(key: str, value: Any, tp: Any) -> str:
     msg = f"{key}={value!r}: expected {describe_type(tp)}, got {_what(value)}"
     if isinstance(value, str) and _bare(tp) is bool:
-        msg += " (write true or false)"
+        if value.strip().lower() in ("true", "false"):
+            msg += " (write true or false without quotes)"
+        else:
+            msg += " (write true or false)"
+    elif isinstance(value, str) and _bare(tp) in (int, float) and _is_number(value):
+        # e.g. `${oc.env:MAX_LEN}` resolves to text; the rest of the run would read it as text too
+        msg += (f" (the text {value!r} is not converted: write the number without quotes, or decode an environment "
+                "variable with ${oc.decode:${oc.env:NAME}})")
     elif isinstance(value, float) and _bare(tp) is int:
         if value.is_integer():
             msg += f" (write {int(value)}: an integer field takes no float)"
         else:
             msg += " (an integer field never takes a float: it would be truncated)"
     return msg
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _bare(tp: Any) -> Any:
