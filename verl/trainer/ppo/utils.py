@@ -452,7 +452,8 @@ def check_rollout_engine(rollout: RolloutConfig) -> None:
         raise ValueError(f"{owner}.dtype={rollout.dtype!r} is not a dtype; expected one of {list(ROLLOUT_DTYPES)}")
     engine_kwargs = dict(rollout.engine_kwargs or {})
     for engine, kwargs in engine_kwargs.items():
-        if engine not in ROLLOUT_REGISTRY and kwargs:
+        set_values = {k: x for k, x in (kwargs or {}).items() if x is not None} if isinstance(kwargs, dict) else kwargs
+        if engine not in ROLLOUT_REGISTRY and set_values:  # null entries (upstream's yaml defaults) are unset
             raise ValueError(
                 f"{owner}.engine_kwargs.{engine}: {engine!r} is not a rollout engine, so nothing reads these keyword "
                 f"arguments; expected one of {sorted(ROLLOUT_REGISTRY)}"
@@ -484,7 +485,11 @@ def check_checkpoint_contents(owner: str, checkpoint: Any) -> None:
     from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
     from verl.utils.config import closest_keys
 
-    section = dict(checkpoint or {})
+    import dataclasses
+
+    # a dataclass section has refused unknown keys already; its other fields are its own business
+    typed = dataclasses.is_dataclass(checkpoint)
+    section = {k: getattr(checkpoint, k) for k in CHECKPOINT_KEYS if hasattr(checkpoint, k)} if typed else dict(checkpoint or {})
     allowed = BaseCheckpointManager.ALLOWED_CONTENTS
     for key, value in section.items():
         where = f"{owner}.checkpoint.{key}"
