@@ -127,15 +127,29 @@ def test_rollout_correction_needs_rollout_log_probs():
         validate_config(cfg("algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=False"))
 
 
-def test_missing_local_files_are_named_before_anything_starts(tmp_path):
+def test_missing_local_files_are_named_before_anything_starts(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"data\.train_files='/no/such/train\.parquet': no such file"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "data.train_files=/no/such/train.parquet"))
     with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref\.model\.path='/no/such/model'"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=/no/such/model", *REAL_RUN))
     with pytest.raises(FileNotFoundError, match=r"custom_reward_function\.path='missing_reward\.py'"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "custom_reward_function.path=missing_reward.py"))
-    # a hub id is not a local path: it is left to the loader (which downloads when allowed)
-    validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", *REAL_RUN))
+    # a hub id is not a local path: it is left to the loader when it can be fetched (cached or hub reachable)
+    import verl.trainer.ppo.utils as ppo_utils
+
+    with monkeypatch.context() as m:
+        m.setattr(ppo_utils, "_offline_reason", lambda repo_id: None)
+        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", *REAL_RUN))
+    # ... and refused before anything starts when it cannot
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref\.model\.path='no-such-org/no-such-model' is not a local "
+                                                 r"model directory.*cannot be fetched offline: HF_HUB_OFFLINE"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=no-such-org/no-such-model", *REAL_RUN))
+    empty = tmp_path / "empty_model"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref\.model\.path='.*empty_model' is not a local model "
+                                                 r"directory: config\.json missing"):
+        validate_config(cfg("algorithm.adv_estimator=grpo", f"actor_rollout_ref.model.path={empty}", *REAL_RUN))
     existing = tmp_path / "train.parquet"
     existing.write_bytes(b"")
     validate_config(cfg("algorithm.adv_estimator=grpo", f"data.train_files=[{existing}]"))
@@ -174,3 +188,47 @@ def test_callbacks_are_checked_before_anything_starts(tmp_path):
 def test_full_kl_in_reward_is_rejected_before_anything_starts():
     with pytest.raises(ValueError, match=r"kl_penalty='full' needs whole-vocabulary distributions"):
         validate_config(cfg("algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=full"))
+
+
+def test_keys_read_by_the_hf_engine_and_the_checkpoint_manager_match_the_code():
+    """The accepted-key lists of the checks are the keys the code actually reads."""
+    import inspect
+    import re
+
+    import verl.utils.checkpoint.checkpoint_manager as ckpt
+    import verl.workers.fsdp_workers as workers
+    from verl.trainer.ppo.utils import CHECKPOINT_KEYS, HF_ENGINE_KWARGS
+
+    read = set(re.findall(r'engine_kwargs\.get\("(\w+)"', inspect.getsource(workers)))
+    assert read == set(HF_ENGINE_KWARGS)
+    read = set(re.findall(r'cfg\.get\("(\w+)"\)', inspect.getsource(ckpt.BaseCheckpointManager.__init__)))
+    assert read == set(CHECKPOINT_KEYS)
+
+
+def test_standalone_rollout_is_refused_before_ray():
+    for override in ("actor_rollout_ref.hybrid_engine=False", "trainer.role_pools={rollout: [1]}"):
+        with pytest.raises(ValueError, match=r"standalone rollout role .* never receives the actor's updated weights"):
+            validate_config(cfg(override))
+
+
+def test_reward_kwargs_are_checked_against_the_function_and_the_manager(tmp_path):
+    f = tmp_path / "reward_for_kwargs_test.py"
+    f.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n    return 0.0\n")
+    validate_config(cfg(f"custom_reward_function.path={f}", "+custom_reward_function.reward_kwargs.scale=2"))
+    with pytest.raises(ValueError, match=r"custom_reward_function\.reward_kwargs\.sclae: compute_score\(\) .* accepted keys: \['scale'\]"):
+        validate_config(cfg(f"custom_reward_function.path={f}", "+custom_reward_function.reward_kwargs.sclae=2"))
+    with pytest.raises(ValueError, match=r"custom_reward_function\.reward_kwargs\.x: the shipped default_compute_score reads no"):
+        validate_config(cfg("+custom_reward_function.reward_kwargs.x=1"))
+    with pytest.raises(ValueError, match=r"reward_model\.reward_kwargs\.overlong: .*'naive'.* does not accept"):
+        validate_config(cfg("+reward_model.reward_kwargs.overlong=1"))
+    with pytest.raises(AttributeError, match=r"custom_reward_function\.name='nope'.*defines no 'nope'"):
+        validate_config(cfg(f"custom_reward_function.path={f}", "custom_reward_function.name=nope"))
+
+
+def test_resume_path_is_checked_before_ray(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"trainer\.resume_from_path='/no/such/global_step_2' does not exist"):
+        validate_config(cfg("trainer.resume_mode=resume_path", "trainer.resume_from_path=/no/such/global_step_2"))
+    step = tmp_path / "global_step_2"
+    step.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"is not a complete checkpoint \(no trainer_state\.pt\)"):
+        validate_config(cfg("trainer.resume_mode=resume_path", f"trainer.resume_from_path={step}"))

@@ -43,3 +43,30 @@ def test_resource_pool_layout_colocates_by_default_and_splits_on_request():
     assert pools[Role.Critic] == "critic_pool" and pools[Role.RefPolicy] == "global_pool"
     mgr = ResourcePoolManager(spec, pools, use_gpu=False)
     assert mgr.get_n_gpus() == 3
+
+
+def test_cli_override_typo_names_the_closest_key():
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "actor_rollout_ref.actor.ppo_mini_batchsize=16",
+         "hydra.run.dir=/tmp/never_used"],
+        capture_output=True, text=True, env=env, cwd=str(REPO), timeout=120, check=False,
+    )
+    assert proc.returncode == 1
+    assert "Could not override 'actor_rollout_ref.actor.ppo_mini_batchsize'" in proc.stderr
+    assert "did you mean actor_rollout_ref.actor.ppo_mini_batch_size" in proc.stderr
+    assert "would add a key that nothing reads" in proc.stderr
+
+
+def test_override_error_for_a_field_the_yaml_omits_says_how_to_append():
+    from hydra.errors import ConfigCompositionException
+
+    from verl.trainer.main_ppo import load_default_config
+
+    with pytest.raises(ConfigCompositionException, match=r"ray_kwargs\.timeline_json_file is a valid key.*\+ray_kwargs\.timeline_json_file="):
+        load_default_config(["ray_kwargs.timeline_json_file=t.json"])
+    # a key under the wrong section: the same key name elsewhere is suggested
+    with pytest.raises(ConfigCompositionException, match=r"did you mean actor_rollout_ref\.rollout\.temperature"):
+        load_default_config(["actor_rollout_ref.actor.temperature=1.0"])
+    cfg = load_default_config(["+ray_kwargs.timeline_json_file=t.json"])
+    assert cfg.ray_kwargs.timeline_json_file == "t.json"

@@ -1,26 +1,67 @@
 """`BaseConfig`: the base of every config dataclass.
 
-Config groups are plain dataclasses (readable, typed, validated in `__post_init__`). They also
-behave like read-only mappings (`cfg["key"]`, `cfg.get("key", default)`, `"key" in cfg`) so that
-code written for upstream verl's dict-style access, and our own functions that accept either a
-dataclass or a plain dict, work unchanged.
+Config groups are plain dataclasses (readable, typed, validated in `__post_init__`). As in
+upstream verl they also behave like read-only mappings and are frozen once built:
+
+- `cfg["name"]` reads a field or any attribute set on the instance (KeyError when there is none;
+  TypeError for a key that is not a string; an AttributeError raised by a property propagates);
+  `cfg.get("name", default)`; `"name" in cfg`; iteration and `len()` cover the fields;
+- a field cannot be reassigned after construction unless the class lists it in `_mutable_fields`
+  (`FrozenInstanceError`); new attributes can still be attached. Build a changed copy with
+  `dataclasses.replace(cfg, name=value)`, which validates again.
+
+Divergence from upstream, on purpose: `__post_init__` may normalise its own fields (e.g. a lone
+string into a list); the freeze starts when the constructor returns. Upstream freezes a field from
+its first assignment, so its `__post_init__` hooks cannot normalise. `_target_` is not a field
+here: `omega_conf_to_dataclass` reads it from the section and drops it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from abc import ABCMeta
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+_BUILT = "_verl_config_built"  # instance flag: set when the constructor (and __post_init__) returned
+
+
+class _FreezeAfterInit(ABCMeta):
+    """Marks an instance as built once its class's constructor has returned, so `__post_init__`
+    may still normalise fields and every later assignment is checked (`BaseConfig.__setattr__`).
+    Copies (`copy`, `pickle`, Ray) carry the flag in `__dict__`; `dataclasses.replace` constructs."""
+
+    def __call__(cls, *args, **kwargs):
+        obj = super().__call__(*args, **kwargs)
+        object.__setattr__(obj, _BUILT, True)
+        return obj
+
+
+def _defines(obj: Any, key: str) -> bool:
+    return key in obj.__dict__ or any(key in klass.__dict__ for klass in type(obj).__mro__)
+
 
 @dataclasses.dataclass
-class BaseConfig(Mapping):
-    """Dataclass + read-only Mapping view over its fields."""
+class BaseConfig(Mapping, metaclass=_FreezeAfterInit):
+    """Dataclass + read-only Mapping view, frozen after construction except `_mutable_fields`."""
+
+    _mutable_fields = frozenset()  # class attribute (not a field): names that may be reassigned
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get(_BUILT) and name in self.__dict__ and name not in type(self)._mutable_fields:
+            raise dataclasses.FrozenInstanceError(
+                f"Field '{name}' is frozen and cannot be modified ({type(self).__name__} is read-only once built; "
+                f"use dataclasses.replace(cfg, {name}=...) for a changed copy)"
+            )
+        super().__setattr__(name, value)
 
     def __getitem__(self, key: str) -> Any:
-        if not isinstance(key, str) or key not in self._field_names():
-            raise KeyError(key)
-        return getattr(self, key)
+        try:
+            return getattr(self, key)  # TypeError for a non-string key, as getattr
+        except AttributeError as exc:
+            if _defines(self, key):  # a property that raised: its error is the useful one
+                raise
+            raise KeyError(key) from exc
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._field_names())
@@ -29,7 +70,10 @@ class BaseConfig(Mapping):
         return len(self._field_names())
 
     def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default) if key in self._field_names() else default
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            return default
 
     def to_dict(self) -> dict[str, Any]:
         """Nested plain-dict copy (for logging and checkpoints)."""
@@ -46,7 +90,7 @@ class BaseConfig(Mapping):
             return NotImplemented
         return all(getattr(self, n) == getattr(other, n) for n in self._field_names())
 
-    __hash__ = None  # mutable
+    __hash__ = None  # equality is by value
 
 
 def check_choice(owner: str, key: str, value: Any, allowed) -> None:

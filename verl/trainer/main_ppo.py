@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
 import time
 
 import hydra
@@ -63,15 +65,145 @@ def load_default_config(overrides: list[str] | None = None, config_name: str = "
     """The config of `python -m verl.trainer.main_ppo <overrides>`, without running anything
     (tests, notebooks): `load_default_config(["algorithm.adv_estimator=grpo"])`. With no model
     path, the embedded toy job's preset applies (`preset=False`: the yaml's upstream defaults;
-    `preset="always"`: the toy job's settings with a model of your own too, e.g. a tiny test model)."""
+    `preset="always"`: the toy job's settings with a model of your own too, e.g. a tiny test model).
+    An override of a key that does not exist fails with the closest existing keys
+    (`explain_override_error`)."""
     from hydra import compose, initialize_config_module
+    from hydra.errors import ConfigCompositionException
 
     from verl.trainer.config.upstream_keys import apply_embedded_preset, normalize_overrides
 
     overrides = normalize_overrides(list(overrides or []))
+    error = None
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        cfg = compose(config_name=config_name, overrides=overrides)
+        try:
+            cfg = compose(config_name=config_name, overrides=overrides)
+        except ConfigCompositionException as exc:
+            error = exc
+    if error is not None:  # explained outside the Hydra context: the explanation composes again
+        raise explain_override_error(error, config_name) from error
     return apply_embedded_preset(cfg, overrides, always=preset == "always") if preset else cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# Override errors: Hydra's "Could not override 'k'. To append to your config use +k=v" is the
+# wrong advice for a typo (an appended key is read by nothing); name the closest existing keys.
+def explain_override_error(exc: Exception, config_name: str = "ppo_trainer") -> Exception:
+    """A `ConfigCompositionException` whose message keeps Hydra's first line and adds what the
+    key should have been: the closest keys of the config (yaml keys and dataclass fields), or,
+    for a real field that the yaml leaves out, how to append it."""
+    from hydra.errors import ConfigCompositionException
+
+    from verl.utils.config import closest_keys
+
+    text = str(exc)
+    match = re.match(r"Could not override '([^']+)'", text)
+    if not match:
+        return exc
+    key = match.group(1)
+    cause = exc.__cause__ or exc.__context__
+    missing = getattr(cause, "full_key", None) or key
+    paths, fields = _config_key_paths(config_name)
+    head = text.splitlines()[0]
+    if missing in fields and missing not in paths:
+        # a dataclass field the yaml does not list: it exists, Hydra only needs the + prefix
+        return ConfigCompositionException(
+            f"{head} {missing} is a valid key that the default yaml does not list: append it with "
+            f"+{key}=... (or ++{key}=...)"
+        )
+    parent, _, leaf = missing.rpartition(".")
+    siblings = sorted(p.rpartition(".")[2] for p in paths | fields if p.rpartition(".")[0] == parent)
+    close = [f"{parent}.{c}" if parent else c for c in closest_keys(leaf, siblings)]
+    in_value = missing.startswith(key + ".")  # `data.custom_cls={a: 1}`: the bad key is inside the value
+    rest = key[len(missing):] if key.startswith(missing) else ""
+    close = [c + rest for c in close]
+    if not close:  # the key may be under another section: compare leaf names everywhere
+        close = [p for p in _closest_anywhere(missing, paths | fields) if not missing.startswith(p + ".")]
+    where = f"under {parent}" if parent else "at the top level"
+    msg = f"{head} {missing} is not a key of this config"
+    if in_value:
+        msg = f"{head} The value given for {key} holds {missing}, which is not a key of this config"
+    if close:
+        msg += f"; did you mean {' or '.join(close)}?"
+    msg += f" (accepted keys {where}: {siblings})."
+    if not in_value:
+        msg += f" Appending it with +{key}=... would add a key that nothing reads."
+    return ConfigCompositionException(msg)
+
+
+def _closest_anywhere(key: str, paths: set[str], n: int = 3) -> list[str]:
+    import difflib
+
+    leaf = key.rpartition(".")[2]
+    same_leaf = [p for p in paths if difflib.SequenceMatcher(None, p.rpartition(".")[2], leaf).ratio() >= 0.8]
+    return sorted(same_leaf, key=lambda p: -difflib.SequenceMatcher(None, p, key).ratio())[:n]
+
+
+def _config_key_paths(config_name: str) -> tuple[set[str], set[str]]:
+    """(every dotted key of the composed yaml, every dotted field of the config dataclasses)."""
+    import dataclasses
+    import typing
+
+    from hydra import compose, initialize_config_module
+
+    from verl.trainer.ppo.utils import SECTION_DATACLASSES
+
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        cfg = OmegaConf.to_container(compose(config_name=config_name), resolve=False)
+
+    def walk(node, prefix, out):
+        for k, v in node.items():
+            path = f"{prefix}{k}"
+            out.add(path)
+            if isinstance(v, dict):
+                walk(v, path + ".", out)
+
+    paths: set[str] = set()
+    walk({k: v for k, v in cfg.items() if k != "hydra"}, "", paths)
+
+    def fields_of(cls, prefix, out):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            path = f"{prefix}{f.name}"
+            out.add(path)
+            sub = hints.get(f.name)
+            sub = next((a for a in (sub, *typing.get_args(sub)) if dataclasses.is_dataclass(a)), None)
+            if sub is not None:
+                fields_of(sub, path + ".", out)
+
+    fields: set[str] = set()
+    for section, cls in SECTION_DATACLASSES.items():
+        fields.add(section)
+        fields_of(cls, section + ".", fields)
+    return paths, fields
+
+
+def check_cli_overrides(argv: list[str]) -> None:
+    """Compose the command line's overrides once before Hydra does, so that an override error
+    is reported with `explain_override_error`'s advice (Hydra would print only its own line)."""
+    from hydra.errors import ConfigCompositionException
+
+    config_name, overrides, it = "ppo_trainer", [], iter(argv)
+    for arg in it:
+        if arg in ("--config-name", "-cn"):
+            config_name = next(it, config_name)
+        elif arg.startswith("--config-name="):
+            config_name = arg.split("=", 1)[1]
+        elif arg in ("--config-path", "-cp", "--config-dir", "-cd") or arg.startswith(("--config-path=", "--config-dir=")):
+            return  # a config of the user's own: Hydra reports its errors
+        elif arg in ("-m", "--multirun"):
+            return  # sweeps (`a=1,2`) are Hydra's to expand
+        elif arg.startswith("-"):
+            continue
+        elif not arg.lstrip("+~").startswith("hydra."):
+            overrides.append(arg)
+    try:
+        load_default_config(overrides, config_name=config_name)
+    except ConfigCompositionException as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except Exception:  # noqa: BLE001 - anything else (a missing config name, ...) is Hydra's to report
+        return
 
 
 def fill_embedded_defaults(config: DictConfig) -> DictConfig:
@@ -247,7 +379,6 @@ def _upstream_surface(config: DictConfig) -> DictConfig:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.argv = _normalized_argv(sys.argv)
+    check_cli_overrides(sys.argv[1:])
     main()

@@ -27,6 +27,7 @@ in the output batch, with the usual metrics.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import time
@@ -233,7 +234,8 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             _normalize_mini_batch("actor_rollout_ref.actor", self.actor_config, self.rollout_config.n, self.world_size, "ppo_micro_batch_size_per_gpu")
             if self.actor_config.loss_scale_factor is None:
                 # Dr.GRPO's constant divisor: the response length limit, never a micro-batch's width
-                self.actor_config.loss_scale_factor = float(self.rollout_config.response_length)
+                # a copy: config dataclasses are frozen once built (BaseConfig)
+                self.actor_config = dataclasses.replace(self.actor_config, loss_scale_factor=float(self.rollout_config.response_length))
         self.actor = None
         self.rollout = None
         self.ref_policy = None

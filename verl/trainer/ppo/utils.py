@@ -52,6 +52,20 @@ CRITIC_ESTIMATORS = frozenset({"gae"})
 TOP_LEVEL_SECTIONS = ("data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function",
                       "algorithm", "trainer", "ray_kwargs")
 ACTOR_ROLLOUT_REF_KEYS = ("hybrid_engine", "model", "actor", "ref", "rollout")
+# dotted section -> the dataclass it is converted into (for key listings and suggestions)
+SECTION_DATACLASSES: dict[str, type] = {
+    "data": DataConfig,
+    "actor_rollout_ref.model": HFModelConfig,
+    "actor_rollout_ref.actor": ActorConfig,
+    "actor_rollout_ref.ref": RefConfig,
+    "actor_rollout_ref.rollout": RolloutConfig,
+    "critic": CriticConfig,
+    "reward_model": RewardModelConfig,
+    "custom_reward_function": CustomRewardFunctionConfig,
+    "algorithm": AlgoConfig,
+    "trainer": TrainerConfig,
+    "ray_kwargs": RayKwargsConfig,
+}
 
 
 def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
@@ -199,7 +213,6 @@ def validate_config(config: Any) -> ValidatedConfig:
     """
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.rollout_corr_helper import validate_rollout_correction_config
-    from verl.utils.import_utils import import_external_libs
     from verl.utils.tracking import check_backends_available
 
     from verl.trainer.config.upstream_keys import check_upstream_surface
@@ -215,7 +228,8 @@ def validate_config(config: Any) -> ValidatedConfig:
             f"unknown config key(s) {['actor_rollout_ref.' + k for k in unknown]}; accepted: {list(ACTOR_ROLLOUT_REF_KEYS)}"
         )
 
-    import_external_libs(external_module_list(cfg))
+    check_roles_colocated(cfg)
+    import_user_modules(cfg)
 
     conv = omega_conf_to_dataclass
     v = ValidatedConfig(
@@ -306,6 +320,14 @@ def validate_config(config: Any) -> ValidatedConfig:
         raise ValueError(f"trainer.critic_warmup={tr.critic_warmup} needs a critic (algorithm.adv_estimator=gae or critic.enable=True)")
     check_paths_exist(v)
     check_callbacks(tr.callbacks)
+    check_rollout_engine(rollout)
+    check_checkpoint_contents("actor_rollout_ref.actor", actor.checkpoint)
+    if v.use_critic:
+        check_checkpoint_contents("critic", v.critic.checkpoint)
+    check_gae_lambda(algo)
+    check_reward_functions(v)
+    check_model_dirs(v)
+    check_run_inputs(v)
     return v
 
 
@@ -356,3 +378,282 @@ def check_paths_exist(v: ValidatedConfig) -> None:
                 continue  # another scheme: left to the loader that reads it
             if _is_local_path(item) and not os.path.exists(os.path.expanduser(item)):
                 raise FileNotFoundError(f"{key}={item!r}: no such file or directory (resolved from {os.getcwd()!r})")
+
+
+# ==============================================================================================
+# Checks of what the run will read, before Ray starts: engines, user functions, appended keys,
+# model directories, the checkpoint to resume. Each names the key, the value and what is accepted.
+
+# dtypes `actor_rollout_ref.rollout.dtype` may name (vllm reads it; the hf engine uses the actor's)
+ROLLOUT_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+# `actor_rollout_ref.rollout.engine_kwargs.hf.*`: what fsdp_workers.ActorRolloutRefWorker reads
+HF_ENGINE_KWARGS = {
+    "separate_copy": "a boolean: generate with an unsharded copy of the weights instead of the actor's",
+    "dtype": "fp32, float32, bf16, bfloat16, fp16 or float16: dtype of that copy",
+    "sync_check_tol": "a number: tolerance of the rollout/actor log-prob agreement check",
+}
+# `*.checkpoint.*`: what verl.utils.checkpoint.BaseCheckpointManager reads
+CHECKPOINT_KEYS = ("save_contents", "load_contents")
+# arguments the trainer passes to every reward function itself
+REWARD_FN_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+# arguments of a reward manager's constructor that the trainer fills itself
+REWARD_MANAGER_ARGS = ("self", "tokenizer", "num_examine", "compute_score", "reward_fn_key")
+
+_STANDALONE_ROLLOUT = (
+    "a standalone rollout role (not colocated with the actor) never receives the actor's updated weights, "
+    "so it would sample from the initial policy for the whole run; it is refused until separate rollout "
+    "workers with weight sync exist. Keep the rollout in the actor's processes (actor_rollout_ref.hybrid_engine=True, "
+    "the default; trainer.role_pools accepts critic, ref and rm)"
+)
+
+
+def check_roles_colocated(cfg: Any) -> None:
+    """Refuse, on the raw config, a rollout that would not live in the actor's processes:
+    `actor_rollout_ref.hybrid_engine` must be true and `trainer.role_pools` has no rollout/actor."""
+    from verl.utils.config import check_value_type
+
+    hybrid = check_value_type(_get(cfg, "actor_rollout_ref.hybrid_engine", True), bool, "actor_rollout_ref.hybrid_engine")
+    if not hybrid:
+        raise ValueError(f"actor_rollout_ref.hybrid_engine=False: {_STANDALONE_ROLLOUT}")
+    pools = _get(cfg, "trainer.role_pools") or {}
+    if hasattr(pools, "keys"):
+        for role in pools:
+            if str(role) in ("rollout", "actor", "actor_rollout"):
+                raise ValueError(f"trainer.role_pools.{role}: {_STANDALONE_ROLLOUT}")
+
+
+def import_user_modules(cfg: Any) -> None:
+    """`import_external_libs` on every user module, with the config key in the error."""
+    from verl.utils.import_utils import import_external_libs
+
+    for key, mods in (("trainer.external_modules", _get(cfg, "trainer.external_modules") or []),
+                      ("actor_rollout_ref.model.external_lib", _get(cfg, "actor_rollout_ref.model.external_lib")),
+                      ("VERL_USE_EXTERNAL_MODULES", os.environ.get("VERL_USE_EXTERNAL_MODULES", ""))):
+        if isinstance(mods, str):
+            mods = [mods]
+        entries = [str(m) for m in (mods or []) if m is not None and str(m).strip()]
+        try:
+            import_external_libs(entries)
+        except (ImportError, FileNotFoundError) as exc:
+            raise type(exc)(f"{key}={entries!r}: {exc}") from exc
+
+
+def check_rollout_engine(rollout: RolloutConfig) -> None:
+    """`rollout.name` is a registered engine, `rollout.dtype` a known dtype, and every
+    `rollout.engine_kwargs.hf.*` key one that the hf engine reads."""
+    from verl.utils.model import torch_dtype_from_name
+    from verl.workers.rollout.base import ROLLOUT_REGISTRY
+
+    owner = "actor_rollout_ref.rollout"
+    if rollout.name not in ROLLOUT_REGISTRY:
+        raise ValueError(
+            f"{owner}.name={rollout.name!r} is not a registered rollout engine; expected one of {sorted(ROLLOUT_REGISTRY)} "
+            "(register your own with @register_rollout in a module listed in trainer.external_modules)"
+        )
+    if rollout.dtype not in ROLLOUT_DTYPES:
+        raise ValueError(f"{owner}.dtype={rollout.dtype!r} is not a dtype; expected one of {list(ROLLOUT_DTYPES)}")
+    engine_kwargs = dict(rollout.engine_kwargs or {})
+    for engine, kwargs in engine_kwargs.items():
+        set_values = {k: x for k, x in (kwargs or {}).items() if x is not None} if isinstance(kwargs, dict) else kwargs
+        if engine not in ROLLOUT_REGISTRY and set_values:  # null entries (upstream's yaml defaults) are unset
+            raise ValueError(
+                f"{owner}.engine_kwargs.{engine}: {engine!r} is not a rollout engine, so nothing reads these keyword "
+                f"arguments; expected one of {sorted(ROLLOUT_REGISTRY)}"
+            )
+    hf = engine_kwargs.get("hf") or {}
+    if not isinstance(hf, dict):
+        raise TypeError(f"{owner}.engine_kwargs.hf={hf!r}: expected a mapping of {sorted(HF_ENGINE_KWARGS)}")
+    for key, value in hf.items():
+        where = f"{owner}.engine_kwargs.hf.{key}"
+        if key not in HF_ENGINE_KWARGS:
+            from verl.utils.config import closest_keys
+
+            close = closest_keys(str(key), HF_ENGINE_KWARGS)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise ValueError(f"{where}: the hf engine reads no such key{hint}; accepted keys: {sorted(HF_ENGINE_KWARGS)}")
+        if key == "separate_copy" and not isinstance(value, bool):
+            raise ValueError(f"{where}={value!r}: expected {HF_ENGINE_KWARGS[key]}")
+        if key == "sync_check_tol" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{where}={value!r}: expected {HF_ENGINE_KWARGS[key]}")
+        if key == "dtype":
+            try:
+                torch_dtype_from_name(value)
+            except ValueError:
+                raise ValueError(f"{where}={value!r}: expected {HF_ENGINE_KWARGS[key]}") from None
+
+
+def check_checkpoint_contents(owner: str, checkpoint: Any) -> None:
+    """`<owner>.checkpoint` holds only keys the checkpoint manager reads, with known contents."""
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+    from verl.utils.config import closest_keys
+
+    import dataclasses
+
+    # a dataclass section has refused unknown keys already; its other fields are its own business
+    typed = dataclasses.is_dataclass(checkpoint)
+    section = {k: getattr(checkpoint, k) for k in CHECKPOINT_KEYS if hasattr(checkpoint, k)} if typed else dict(checkpoint or {})
+    allowed = BaseCheckpointManager.ALLOWED_CONTENTS
+    for key, value in section.items():
+        where = f"{owner}.checkpoint.{key}"
+        if key not in CHECKPOINT_KEYS:
+            close = closest_keys(str(key), CHECKPOINT_KEYS)
+            hint = f" (did you mean {' or '.join(owner + '.checkpoint.' + c for c in close)}?)" if close else ""
+            raise ValueError(f"{where}: the checkpoint manager reads no such key{hint}; accepted keys: {list(CHECKPOINT_KEYS)}")
+        if value is None:
+            continue
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"{where}={value!r}: expected a list of {list(allowed)}")
+        bad = [c for c in items if c not in allowed]
+        if bad:
+            raise ValueError(f"{where}={list(items)!r}: unknown entries {bad}; expected one of {list(allowed)}")
+
+
+def _accepted_kwargs(fn: Any, skip: tuple[str, ...]) -> tuple[bool, list[str]]:
+    """(takes **kwargs, names it takes by keyword other than `skip`) of a function or class."""
+    import inspect
+
+    target = fn.__init__ if isinstance(fn, type) else fn
+    params = inspect.signature(target).parameters.values()
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in skip]
+    return var_kw, names
+
+
+def check_reward_functions(v: ValidatedConfig) -> None:
+    """The reward function and manager exist and accept the keyword arguments configured for them
+    (`custom_reward_function.reward_kwargs`, `reward_model.reward_kwargs`); `reward_model.enable`
+    has a model."""
+    from verl.utils.import_utils import load_extern_type
+
+    crf = v.custom_reward_function
+    kwargs = dict(crf.reward_kwargs or {})
+    if crf.path:
+        try:
+            fn = load_extern_type(crf.path, crf.name)
+        except (ImportError, FileNotFoundError, AttributeError) as exc:
+            raise type(exc)(f"custom_reward_function.path={crf.path!r}, custom_reward_function.name={crf.name!r}: {exc}") from exc
+        if not callable(fn):
+            raise TypeError(f"custom_reward_function.name={crf.name!r} in {crf.path!r} is a {type(fn).__name__}; expected a function")
+        for key in kwargs:
+            var_kw, names = _accepted_kwargs(fn, REWARD_FN_ARGS)
+            if key in REWARD_FN_ARGS or not (var_kw or key in names):
+                raise ValueError(
+                    f"custom_reward_function.reward_kwargs.{key}: {crf.name}() in {crf.path} does not accept a keyword "
+                    f"argument {key!r} (the trainer passes {list(REWARD_FN_ARGS)} itself); accepted keys: {names}; "
+                    "add the parameter (or **kwargs) to the function"
+                )
+    elif kwargs:
+        raise ValueError(
+            f"custom_reward_function.reward_kwargs.{min(kwargs)}: the shipped default_compute_score reads no keyword "
+            "arguments (its rule-based scorers ignore them); set custom_reward_function.path to a function that accepts "
+            f"{sorted(kwargs)}, or remove them"
+        )
+
+    import verl.workers.reward_manager  # noqa: F401 - registers the shipped managers
+    from verl.workers.reward_manager.registry import get_reward_manager_cls
+
+    cls = get_reward_manager_cls(v.reward_model.reward_manager)
+    var_kw, names = _accepted_kwargs(cls, REWARD_MANAGER_ARGS)
+    for key in dict(v.reward_model.reward_kwargs or {}):
+        if not (var_kw or key in names):
+            raise ValueError(
+                f"reward_model.reward_kwargs.{key}: reward_model.reward_manager={v.reward_model.reward_manager!r} "
+                f"({cls.__name__}) does not accept {key!r}; accepted keys: {names}"
+            )
+    if v.use_rm and not v.reward_model.model.path:
+        raise ValueError(
+            "reward_model.enable=True needs reward_model.model.path (a sequence-classification reward model "
+            "directory); set it, or use reward_model.enable=False to score with the reward function only"
+        )
+
+
+def check_gae_lambda(algo: AlgoConfig) -> None:
+    """A string `algorithm.lam` names a registered lambda function or an importable one."""
+    if isinstance(algo.lam, str):
+        from verl.trainer.ppo import core_algos
+
+        fn = core_algos._resolve_callable(algo.lam)  # raises naming algorithm.lam and the registered names
+        if not callable(fn):
+            raise TypeError(f"algorithm.lam={algo.lam!r} is not callable; expected a number in [0, 1] or a lambda function")
+
+
+def _offline_reason(repo_id: str) -> str | None:
+    """Why the Hugging Face Hub id `repo_id` cannot be fetched now (None: cached or reachable)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(repo_id, "config.json")
+        if isinstance(cached, str):
+            return None
+    except Exception:  # noqa: BLE001, S110 - an invalid id or an old hub library: fall through to the reachability test
+        pass
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").lower() in ("1", "true", "yes", "on"):
+            return f"{var} is set and it is not in the local Hugging Face cache"
+    if any(os.environ.get(v) for v in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")):
+        return None  # a proxy may reach the hub where a direct connection cannot
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError as exc:
+        return f"{host} cannot be reached ({exc}) and it is not in the local Hugging Face cache"
+    return None
+
+
+def check_model_dirs(v: ValidatedConfig) -> None:
+    """Every model path the run loads is a local Hugging Face model directory (config.json inside),
+    or a hub id that can be fetched now."""
+    from verl.utils.fs import is_non_local
+
+    checks = [("actor_rollout_ref.model.path", v.model.path)]
+    if v.use_critic:
+        checks.append(("critic.model.path", v.critic.model.path))
+    if v.use_rm:
+        checks.append(("reward_model.model.path", v.reward_model.model.path))
+    for key, path in checks:
+        if path is None or is_non_local(str(path)):
+            continue  # null: the embedded default; remote storage: check_paths_exist refuses it
+        local = os.path.expanduser(str(path).removeprefix("file://"))
+        if os.path.isdir(local):
+            if not os.path.isfile(os.path.join(local, "config.json")):
+                raise FileNotFoundError(
+                    f"{key}={path!r} is not a local model directory: config.json missing (a Hugging Face model "
+                    "directory holds config.json, the weights and the tokenizer files)"
+                )
+        elif os.path.exists(local):
+            raise ValueError(f"{key}={path!r} is a file; expected a Hugging Face model directory (with config.json)")
+        elif "://" not in str(path) and not _is_local_path(str(path)):
+            reason = _offline_reason(str(path))
+            if reason:
+                raise FileNotFoundError(
+                    f"{key}={path!r} is not a local model directory and, read as a Hugging Face Hub id, cannot be "
+                    f"fetched offline: {reason}. Download it first (e.g. huggingface-cli download {path} --local-dir DIR) "
+                    "and set the key to that directory"
+                )
+
+
+def check_run_inputs(v: ValidatedConfig) -> None:
+    """The checkpoint to resume from and the custom dataset file exist."""
+    tr = v.trainer
+    if tr.resume_mode == "resume_path" and tr.resume_from_path:
+        from verl.trainer.ppo.checkpoint import TRAINER_STATE_FILE
+
+        path = os.path.expanduser(str(tr.resume_from_path))
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"trainer.resume_from_path={tr.resume_from_path!r} does not exist (resolved from {os.getcwd()!r}); "
+                "expected a global_step_N checkpoint directory, or use trainer.resume_mode=auto"
+            )
+        if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
+            raise FileNotFoundError(
+                f"trainer.resume_from_path={tr.resume_from_path!r} is not a complete checkpoint (no {TRAINER_STATE_FILE}); "
+                "expected a global_step_N directory written by a finished save"
+            )
+    custom = v.data.custom_cls
+    if custom.path and "://" not in custom.path and not os.path.exists(os.path.expanduser(custom.path)) \
+            and (custom.path.endswith(".py") or _is_local_path(custom.path)):
+        raise FileNotFoundError(f"data.custom_cls.path={custom.path!r}: no such file or directory (resolved from {os.getcwd()!r})")

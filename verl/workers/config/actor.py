@@ -59,6 +59,12 @@ class PolicyLossConfig(BaseConfig):
 class ActorConfig(BaseConfig):
     """The policy being trained. Loss = policy loss - entropy_coeff * entropy + kl_loss_coef * KL."""
 
+    # upstream's set: the worker rewrites the batch sizes per rank (fsdp_workers._normalize_mini_batch)
+    _mutable_fields = BaseConfig._mutable_fields | {
+        "ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu",
+        "ppo_infer_micro_batch_size_per_gpu", "engine", "model_config",
+    }
+
     strategy: str = "fsdp"
     # responses per prompt (interpolated from actor_rollout_ref.rollout.n)
     rollout_n: int = 1

@@ -22,6 +22,11 @@ class CriticConfig(BaseConfig):
     `enable: null` = on exactly when the advantage estimator needs a critic.
     """
 
+    # upstream's set: the worker rewrites the batch sizes per rank (fsdp_workers._normalize_mini_batch)
+    _mutable_fields = BaseConfig._mutable_fields | {
+        "ppo_micro_batch_size_per_gpu", "ppo_mini_batch_size", "ppo_micro_batch_size", "engine", "model_config",
+    }
+
     enable: bool | None = None
     strategy: str = "fsdp"
     rollout_n: int = 1  # interpolated from actor_rollout_ref.rollout.n
