@@ -244,6 +244,13 @@ def _bare(tp: Any) -> Any:
     return tp
 
 
+def _dataclass_in(tp: Any) -> type | None:
+    """The dataclass type inside an annotation such as `Foo`, `Optional[Foo]` or `Foo | None`."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    return next((arg for arg in typing.get_args(tp) if dataclasses.is_dataclass(arg)), None)
+
+
 def check_value_type(value: Any, annotation: Any, key: str) -> Any:
     """`value` if it fits `annotation` (with the light normalisations of the module docstring),
     else ConfigTypeError naming `key`, the value and the expected type."""

@@ -129,7 +129,10 @@ RULES: tuple[Rule, ...] = (
     Rule("*.checkpoint.async_save", "c", "asynchronous checkpoint saving", "synchronous atomic saving"),
     Rule("*.checkpoint.strict", "b", "checkpoints here always load strictly"),
     Rule("actor_rollout_ref.ref.rollout_n", "b", "the reference policy here does not use rollout.n"),
-    Rule("actor_rollout_ref.hybrid_engine", "c", "separate (not colocated) actor and rollout workers", "true", accept=(True,)),
+    Rule("actor_rollout_ref.hybrid_engine", "c",
+         "separate (not colocated) actor and rollout workers (a standalone rollout role would never receive "
+         "the actor's updated weights and would sample from the initial policy for the whole run)",
+         "true", accept=(True,)),
     Rule("critic.loss_scale_factor", "b", "the value loss here is aggregated by critic.loss_agg_mode alone"),
     Rule("actor_rollout_ref.nccl_timeout", "b", "process groups here use torch.distributed's default timeout"),
     # ------------------------------------------------------------------ rollout
@@ -683,7 +686,10 @@ def _map_global_micro_batches(raw: dict) -> None:
     """Upstream's deprecated global micro-batch sizes: divided by the data-parallel size into the
     per-GPU key (as upstream does) when the per-GPU key is not set."""
     trainer = raw.get("trainer") or {}
-    n_workers = int(trainer.get("nnodes") or 1) * int(trainer.get("n_gpus_per_node") or 1)
+    sizes = [trainer.get("nnodes") or 1, trainer.get("n_gpus_per_node") or 1]
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in sizes):
+        return  # a mistyped size: validate_config names it; nothing can be divided by it here
+    n_workers = sizes[0] * sizes[1]
     for old, new in GLOBAL_MICRO_BATCH_KEYS:
         value = _get(raw, old)
         if value is None:

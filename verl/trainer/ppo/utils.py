@@ -484,10 +484,11 @@ def check_rollout_engine(rollout: RolloutConfig) -> None:
 
 def check_checkpoint_contents(owner: str, checkpoint: Any) -> None:
     """`<owner>.checkpoint` holds only keys the checkpoint manager reads, with known contents."""
+    import dataclasses
+
+    from verl.trainer.config.upstream_keys import _has_path, _yaml_raw, rule_for
     from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
     from verl.utils.config import closest_keys
-
-    import dataclasses
 
     # a dataclass section has refused unknown keys already; its other fields are its own business
     typed = dataclasses.is_dataclass(checkpoint)
@@ -495,6 +496,8 @@ def check_checkpoint_contents(owner: str, checkpoint: Any) -> None:
     allowed = BaseCheckpointManager.ALLOWED_CONTENTS
     for key, value in section.items():
         where = f"{owner}.checkpoint.{key}"
+        if key not in CHECKPOINT_KEYS and (rule_for(where) is not None or _has_path(_yaml_raw(), where)):
+            continue  # an upstream key (async_save, strict, ...): upstream_keys decides its behaviour
         if key not in CHECKPOINT_KEYS:
             close = closest_keys(str(key), CHECKPOINT_KEYS)
             hint = f" (did you mean {' or '.join(owner + '.checkpoint.' + c for c in close)}?)" if close else ""
