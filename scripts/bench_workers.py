@@ -97,9 +97,13 @@ def worker_config(path: str, args, world_size: int):
         "actor_rollout_ref.rollout.micro_batch_size": None,
     }
     del n_seq
+    from verl.trainer.config.upstream_keys import apply_embedded_preset, check_upstream_surface
+
+    # the embedded job's settings for keys not set here; upstream's keys mapped onto ours (what workers read)
+    apply_embedded_preset(cfg, [f"{key}=" for key in overrides], always=True)
     for key, value in overrides.items():
         OmegaConf.update(cfg, key, value, merge=False)
-    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)).actor_rollout_ref
+    return OmegaConf.create(OmegaConf.to_container(check_upstream_surface(cfg), resolve=True)).actor_rollout_ref
 
 
 def make_prompts(tok, args, seed: int):

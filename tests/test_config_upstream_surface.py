@@ -353,3 +353,19 @@ def test_hydra_entry_point_applies_the_preset(monkeypatch):
     mp.main()
     cfg = seen["cfg"]
     assert cfg.data.train_batch_size == 16 and cfg.data.max_response_length == 8 and cfg.actor_rollout_ref.rollout.n == 8
+
+
+def test_yaml_keys_that_upstream_lacks_are_only_aliases_and_interpolated_keys_of_ours():
+    """Such a key could break a `+key=value` upstream script under plain Hydra; main_ppo drops the
+    `+` for them, and the list stays short and known."""
+    upstream = set(UPSTREAM_KEYS)
+    ours = [k for k, _ in uk._leaves({k: v for k, v in yaml_tree().items() if k != "hydra"})
+            if k not in upstream and not any(k.startswith(u + ".") for u in upstream)]
+    aliases = [k for k in ours if any(k == a.old or k.startswith(a.old + ".") for a in uk.ALIASES)]
+    rest = sorted(set(ours) - set(aliases))
+    assert rest == ["reward_model.forward_max_token_len_per_gpu", "reward_model.model.input_tokenizer",
+                    "reward_model.use_dynamic_bsz", "reward_model.use_reward_loop", "trainer.log_dir",
+                    "trainer.use_legacy_worker_impl"], rest
+    v = validate_config(load_default_config(["+reward_model.use_reward_loop=True", "+trainer.log_dir=/tmp/x",
+                                             "+critic.model.fsdp_config.fsdp_size=2"]))
+    assert v.trainer.log_dir == "/tmp/x" and v.critic.fsdp.fsdp_size == 2

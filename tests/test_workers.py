@@ -19,7 +19,10 @@ YAML = Path(__file__).resolve().parents[1] / "verl" / "trainer" / "config" / "pp
 
 
 def make_config(model_path: str, **overrides):
-    """The default trainer config with a tiny model and small batches, resolved."""
+    """The default trainer config with a tiny model and small batches, resolved: the embedded job's
+    settings (as the default run has them), upstream's keys mapped onto ours (what workers get)."""
+    from verl.trainer.config.upstream_keys import apply_embedded_preset, check_upstream_surface
+
     cfg = OmegaConf.load(YAML)
     base = {
         "actor_rollout_ref.model.path": model_path,
@@ -35,9 +38,10 @@ def make_config(model_path: str, **overrides):
         "critic.optim.lr": 1e-3,
     }
     base.update(overrides)
+    apply_embedded_preset(cfg, [f"{key}=" for key in base], always=True)
     for key, value in base.items():
         OmegaConf.update(cfg, key, value, merge=False)
-    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    return OmegaConf.create(OmegaConf.to_container(check_upstream_surface(cfg), resolve=True))
 
 
 def prompt_batch(tok, prompts=PROMPTS[:4], n=2, prompt_len=8):
