@@ -1,6 +1,8 @@
 """Driver-side pieces of the loop, without workers: KL in reward, advantages through the
 registry on DataProto, DAPO dynamic sampling, step metrics and validation metrics."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -434,3 +436,72 @@ def test_an_empty_validation_set_is_named():
     pools = ResourcePoolManager({"global_pool": [1]}, {Role.ActorRollout: "global_pool"}, use_gpu=False)
     with pytest.raises(ValueError, match=r"the validation set data\.val_files=None has no prompts"):
         RayPPOTrainer(config, None, {Role.ActorRollout: object}, pools, train_dataset=[{"x": 1}] * 32, val_dataset=[])
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 10: compute_advantage's defaults never override the config; one explained variance
+# ---------------------------------------------------------------------------------------------
+
+
+def _adv_batch(rewards, uids):
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": torch.ones_like(rewards)},
+        non_tensors={"uid": np.array(uids, dtype=object)},
+    )
+
+
+def test_compute_advantage_reinforce_pp_uses_config_gamma_not_the_default():
+    from verl.trainer.config.algorithm import AlgoConfig
+
+    # reward 1 on the last of 3 tokens, config gamma 0.5: returns (0.25, 0.5, 1) (the default
+    # argument gamma=1.0 would give (1, 1, 1))
+    data = compute_advantage(_adv_batch([[0.0, 0.0, 1.0]], ["a"]), "reinforce_plus_plus",
+                             config=AlgoConfig(adv_estimator="reinforce_plus_plus", gamma=0.5))
+    torch.testing.assert_close(data.batch["returns"], torch.tensor([[0.25, 0.5, 1.0]]))
+    # without a config the explicit argument is used
+    data = compute_advantage(_adv_batch([[0.0, 0.0, 1.0]], ["a"]), "reinforce_plus_plus", gamma=0.5)
+    torch.testing.assert_close(data.batch["returns"], torch.tensor([[0.25, 0.5, 1.0]]))
+
+
+def test_compute_advantage_grpo_passk_uses_config_norm_flag_not_the_default():
+    from verl.trainer.config.algorithm import AlgoConfig
+
+    # group rewards (1, 0.25): the best gets r_max - r_second = 0.75; divided by the unbiased std
+    # 0.530330 only when normalising (1.414211)
+    uids = ["g", "g"]
+    off = compute_advantage(_adv_batch([[1.0], [0.25]], uids), "grpo_passk",
+                            config=AlgoConfig(adv_estimator="grpo_passk", norm_adv_by_std_in_grpo=False))
+    torch.testing.assert_close(off.batch["advantages"], torch.tensor([[0.75], [0.0]]))
+    on = compute_advantage(_adv_batch([[1.0], [0.25]], uids), "grpo_passk", norm_adv_by_std_in_grpo=False,
+                           config=AlgoConfig(adv_estimator="grpo_passk", norm_adv_by_std_in_grpo=True))
+    assert on.batch["advantages"][0, 0].item() == pytest.approx(0.75 / (0.530330 + 1e-6), abs=1e-5)
+    # grpo itself takes the explicit argument (upstream's precedence)
+    grpo = compute_advantage(_adv_batch([[1.0], [0.25]], uids), "grpo", norm_adv_by_std_in_grpo=False,
+                             config=AlgoConfig(norm_adv_by_std_in_grpo=True))
+    torch.testing.assert_close(grpo.batch["advantages"], torch.tensor([[0.375], [-0.375]]))
+
+
+def test_compute_advantage_calls_an_upstream_style_estimator_without_kwargs():
+    @core_algos.register_adv_est("test_fixed_signature_tmp")
+    def fixed(token_level_rewards, response_mask, index, config=None):
+        return token_level_rewards * 2, token_level_rewards
+
+    try:
+        data = compute_advantage(_adv_batch([[1.0, 2.0]], ["a"]), "test_fixed_signature_tmp", config={"gamma": 1.0})
+        torch.testing.assert_close(data.batch["advantages"], torch.tensor([[2.0, 4.0]]))
+    finally:
+        core_algos.ADV_ESTIMATOR_REGISTRY.pop("test_fixed_signature_tmp")
+
+
+def test_vf_explained_var_has_upstream_definition():
+    from verl.trainer.ppo.metric_utils import compute_vf_explained_var
+
+    # returns (1, 2, 3, 4), values (1, 2, 3, 3): R - V = (0, 0, 0, 1)
+    # unbiased Var(R - V) = 0.75 / 3 = 0.25, Var(R) = 5 / 3 = 1.666667
+    # 1 - 0.25 / (1.666667 + 1e-5) = 0.8500015 (biased variances without eps would give 0.85)
+    returns = torch.tensor([[1.0, 2.0, 3.0, 4.0, 9.0]])
+    values = torch.tensor([[1.0, 2.0, 3.0, 3.0, -9.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    assert compute_vf_explained_var(values, returns, mask) == pytest.approx(1 - 0.25 / (5 / 3 + 1e-5), abs=1e-9)
+    assert math.isnan(compute_vf_explained_var(values, returns, torch.tensor([[1, 0, 0, 0, 0]])))
