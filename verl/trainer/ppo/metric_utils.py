@@ -26,6 +26,20 @@ def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
     return {f"{prefix}/mean": x.mean().item(), f"{prefix}/max": x.max().item(), f"{prefix}/min": x.min().item()}
 
 
+def compute_vf_explained_var(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """`critic/vf_explained_var`, upstream's definition: `1 - Var(R - V) / (Var(R) + 1e-5)` over
+    the valid tokens (`mask` [B, R]), with unbiased variances, of the batch's `values` (the
+    critic's predictions before its update) and `returns`. nan with fewer than 2 valid tokens.
+
+    The only producer of that metric (the critic worker does not report it)."""
+    sel = mask.bool()
+    r = returns[sel].double()
+    v = values[sel].double()
+    if r.numel() < 2:
+        return float("nan")
+    return float(1.0 - (r - v).var() / (r.var() + 1e-5))
+
+
 def compute_data_metrics(batch, use_critic: bool = True, max_response_length: int | None = None,
                          max_prompt_length: int | None = None) -> dict[str, float]:
     """Score, reward, advantage, return, value and length statistics of a training batch.
@@ -52,10 +66,7 @@ def compute_data_metrics(batch, use_critic: bool = True, max_response_length: in
     if use_critic and "values" in b.keys():
         values = b["values"][mask]
         metrics.update(_stats("critic/values", values))
-        returns = b["returns"][mask]
-        var_r = returns.var(unbiased=False) if returns.numel() else torch.tensor(float("nan"))
-        var_diff = (returns - values).var(unbiased=False) if returns.numel() else torch.tensor(float("nan"))
-        metrics["critic/vf_explained_var"] = (1.0 - var_diff / (var_r + 1e-5)).item()
+        metrics["critic/vf_explained_var"] = compute_vf_explained_var(b["values"], b["returns"], mask)
     metrics.update(_stats("response_length", resp_len))
     metrics["response_length/clip_ratio"] = (resp_len >= max_resp).float().mean().item()
     metrics.update(_stats("prompt_length", prompt_len))
