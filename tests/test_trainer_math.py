@@ -505,3 +505,44 @@ def test_vf_explained_var_has_upstream_definition():
     mask = torch.tensor([[1, 1, 1, 1, 0]])
     assert compute_vf_explained_var(values, returns, mask) == pytest.approx(1 - 0.25 / (5 / 3 + 1e-5), abs=1e-9)
     assert math.isnan(compute_vf_explained_var(values, returns, torch.tensor([[1, 0, 0, 0, 0]])))
+
+
+def test_variance_proxy_metrics_numbers():
+    from verl.trainer.ppo.metric_utils import compute_variance_proxy_metrics
+
+    # pi = 0.5, sum_pi_squared = 0.5: w = 1 - 1 + 0.5 = 0.5 per token, W = 1 per response;
+    # A = (1, -2): proxy2 = mean(1 * 1, 4 * 1) = 2.5; gradient norm 1: proxy3 = (2.5 - 1) / (2 - 1)
+    tensors = {
+        "old_log_probs": torch.full((2, 2), math.log(0.5)),
+        "sum_pi_squared": torch.full((2, 2), 0.5),
+        "advantages": torch.tensor([[1.0, 1.0], [-2.0, -2.0]]),
+        "response_mask": torch.ones(2, 2),
+    }
+    m = compute_variance_proxy_metrics(DataProto.from_dict(tensors=dict(tensors)), gradient_norm=1.0)
+    assert m["variance_proxy/proxy2_total_power"] == pytest.approx(2.5)
+    assert m["variance_proxy/proxy1_signal_strength"] == pytest.approx(1.0)
+    assert m["variance_proxy/proxy3_pure_noise"] == pytest.approx(1.5)
+    assert m["variance_proxy/expected_a_squared"] == pytest.approx(2.5) and m["variance_proxy/expected_w"] == pytest.approx(1.0)
+    # IS weights (2, 1) per response: proxy2 = mean(4 * 1 * 1, 1 * 4 * 1) = 4; W scaled by w^2: mean(4, 1)
+    m = compute_variance_proxy_metrics(DataProto.from_dict(tensors=dict(tensors, rollout_is_weights=torch.tensor([[2.0, 2.0], [1.0, 1.0]]))))
+    assert m["variance_proxy/proxy2_total_power"] == pytest.approx(4.0)
+    assert m["variance_proxy/expected_w"] == pytest.approx(2.5) and m["variance_proxy/proxy3_pure_noise"] == 0.0
+    tensors.pop("sum_pi_squared")
+    assert compute_variance_proxy_metrics(DataProto.from_dict(tensors=tensors)) == {}
+
+
+def test_data_metrics_report_aborted_responses_and_turns():
+    attn = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    rmask = attn[:, 2:]
+    data = DataProto.from_dict(
+        tensors={"responses": torch.zeros(3, 2, dtype=torch.long), "attention_mask": attn, "response_mask": rmask,
+                 "token_level_scores": torch.zeros(3, 2), "token_level_rewards": torch.zeros(3, 2)},
+        non_tensors={"__num_turns__": np.array([1, 3, 2]), "tool_call_counts": np.array([0, 2, 1])},
+    )
+    m = compute_data_metrics(data, use_critic=False, max_response_length=2)
+    # response lengths (1, 0, 2): one aborted; the others average 1.5, one of two at the limit
+    assert m["response/aborted_ratio"] == pytest.approx(1 / 3)
+    assert m["response_length_non_aborted/mean"] == pytest.approx(1.5) and m["response_length_non_aborted/min"] == 1.0
+    assert m["response_length_non_aborted/clip_ratio"] == pytest.approx(0.5)
+    assert (m["num_turns/min"], m["num_turns/max"], m["num_turns/mean"]) == (1.0, 3.0, 2.0)
+    assert m["tool_call_counts/mean"] == pytest.approx(1.0)

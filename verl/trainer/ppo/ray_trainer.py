@@ -59,6 +59,7 @@ from verl.trainer.ppo.metric_utils import (
     peak_flops_per_worker,
     compute_throughout_metrics,
     compute_timing_metrics,
+    compute_variance_proxy_metrics,
     process_validation_metrics,
     reduce_metrics,
 )
@@ -866,6 +867,8 @@ class RayPPOTrainer:
                                                 max_response_length=self.cfg.data.max_response_length,
                                                 max_prompt_length=self.cfg.data.max_prompt_length))
             metrics.update(compute_timing_metrics(batch, timing_raw))
+            # only when the batch carries sum_pi_squared (otherwise {})
+            metrics.update(compute_variance_proxy_metrics(batch, metrics.get("actor/grad_norm")))
             n_workers = self.resource_pool_manager.get_n_gpus()
             metrics.update(compute_throughout_metrics(batch, timing_raw, n_gpus=n_workers))
             metrics.update(compute_mfu_metrics(batch, timing_raw, self._n_params, self._peak_flops, n_workers,
