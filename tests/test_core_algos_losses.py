@@ -312,6 +312,8 @@ def test_kl_cov_adds_penalty_on_top_covariance_tokens():
     # penalised with |lr| = 0.5
     assert loss.item() == pytest.approx(base.item() + 0.5 / 4, abs=1e-6)
     assert m["actor/ppo_kl_abs"] == pytest.approx((0.5 + 0.5 + 0.1) / 4)
+    # as upstream, this loss reports the mean |log ratio| as actor/ppo_kl (signed mean would be -0.025)
+    assert m["actor/ppo_kl"] == pytest.approx((0.5 + 0.5 + 0.1) / 4)
 
 
 def test_geo_mean_hand_computed():

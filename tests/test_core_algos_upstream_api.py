@@ -161,6 +161,12 @@ def test_bypass_mode_dispatches_on_loss_type():
     loss, m = get_policy_loss_fn("bypass_mode")(rollout, logp, adv, mask, "token-mean", cfg)
     assert loss.item() == pytest.approx(-1.0, abs=1e-6)
     assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(0.5)
+    # batch normalisation (within the call): weights (1, 2) / 1.5 -> reinforce
+    # -(-1 * 2/3 + (-1 + log 3) * 4/3) = 0.535184
+    rc.update(loss_type="reinforce", rollout_rs=None, rollout_is_batch_normalize=True)
+    loss, m = get_policy_loss_fn("bypass_mode")(rollout, logp, adv, mask, "seq-mean-token-sum", cfg)
+    assert loss.item() == pytest.approx(-(-1.0 * 2 / 3 + (-1.0 + LOG(3.0)) * 4 / 3), abs=1e-6)
+    assert m["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(1.5)
     rc["loss_type"] = "nope"
     with pytest.raises(ValueError, match="Invalid loss_type: nope"):
         get_policy_loss_fn("bypass_mode")(rollout, logp, adv, mask, "token-mean", cfg)

@@ -1014,7 +1014,8 @@ def compute_policy_loss_kl_cov(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov: unclipped `-A * ratio`, plus `ppo_kl_coef * |log ratio|` on the top
     `max(1, kl_cov_ratio * n_valid)` valid tokens by covariance (A - mean A)(log_prob - mean).
-    Metrics: `actor/ppo_kl` as usual and `actor/ppo_kl_abs` = masked mean |log ratio|."""
+    Metrics: `actor/ppo_kl` = `actor/ppo_kl_abs` = masked mean |log ratio| (upstream's definition
+    for this loss)."""
     kl_cov_ratio = float(_loss_knob(config, "kl_cov_ratio", 0.0002))
     kl_coef = float(_loss_knob(config, "ppo_kl_coef", 0.1))
     if not kl_cov_ratio > 0:
@@ -1035,10 +1036,10 @@ def compute_policy_loss_kl_cov(
             top = torch.topk(cov.reshape(-1), k).indices
             selected.view(-1)[top] = True
     pg_losses = torch.where(selected, losses_kl, losses)
-    ppo_kl = verl_F.masked_mean(-log_ratio.detach(), response_mask)
     ppo_kl_abs = verl_F.masked_mean(log_ratio.detach().abs(), response_mask)
     pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return pg_loss, _metrics(0.0, ppo_kl, 0.0, **{"actor/ppo_kl_abs": ppo_kl_abs})
+    # upstream reports the mean |log ratio| as actor/ppo_kl for this loss (the quantity it penalises)
+    return pg_loss, _metrics(0.0, ppo_kl_abs, 0.0, **{"actor/ppo_kl_abs": ppo_kl_abs})
 
 
 @register_policy_loss("geo_mean")
@@ -1235,7 +1236,9 @@ def compute_policy_loss_bypass_mode(
     - `loss_type=ppo_clip` (default): vanilla PPO on ratio = pi / pi_rollout over the kept tokens;
       the IS weights are not applied (the ratio already is the IS correction);
     - `loss_type=reinforce`: `compute_policy_loss_reinforce` with the IS weights.
-    The passed `rollout_is_weights` are ignored. Metrics: the loss's plus `rollout_corr/*`.
+    The passed `rollout_is_weights` are ignored. With `rollout_is_batch_normalize` the weights are
+    normalised over this call (micro-batch), not over all ranks. Metrics: the loss's plus
+    `rollout_corr/*`.
     """
     from verl.trainer.ppo import rollout_corr_helper  # lazy: keeps importing core_algos pure torch
 
@@ -1249,18 +1252,31 @@ def compute_policy_loss_bypass_mode(
     loss_type = config_get(rc, "loss_type", "ppo_clip")
     if loss_type not in ("ppo_clip", "reinforce"):
         raise ValueError(f"Invalid loss_type: {loss_type}. Must be 'reinforce' or 'ppo_clip'.")
+    level = config_get(rc, "rollout_is", None)
     with torch.no_grad():
         weights_proto, kept_mask, rc_metrics = rollout_corr_helper.compute_rollout_correction_and_rejection_mask(
             old_log_prob=log_prob.detach(),
             rollout_log_prob=old_log_prob,
             response_mask=response_mask,
-            rollout_is=config_get(rc, "rollout_is", None),
+            rollout_is=level,
             rollout_is_threshold=config_get(rc, "rollout_is_threshold", 2.0),
-            rollout_is_batch_normalize=bool(config_get(rc, "rollout_is_batch_normalize", False)),
+            rollout_is_batch_normalize=False,  # normalised below, within this call
             rollout_rs=config_get(rc, "rollout_rs", None),
             rollout_rs_threshold=config_get(rc, "rollout_rs_threshold", None),
+            rollout_rs_threshold_lower=config_get(rc, "rollout_rs_threshold_lower", None),
         )
     weights = weights_proto.batch["rollout_is_weights"] if weights_proto is not None else None
+    if weights is not None and bool(config_get(rc, "rollout_is_batch_normalize", False)):
+        # over this call's tokens (token level) or sequences (sequence level): micro-batches may
+        # differ in number between ranks, so no collective here
+        if level == "sequence":
+            seq_ok = response_mask.sum(-1) > 0
+            mean = verl_F.masked_mean(weights, response_mask, axis=-1)[seq_ok].mean() if seq_ok.any() else weights.new_ones(())
+        else:
+            mean = verl_F.masked_mean(weights, response_mask)
+        factor = float(mean) if float(mean) > 1e-8 else 1.0
+        weights = weights / factor
+        rc_metrics["rollout_corr/rollout_is_batch_norm_factor"] = factor
     if loss_type == "reinforce":
         pg_loss, metrics = compute_policy_loss_reinforce(
             old_log_prob, log_prob, advantages, kept_mask, loss_agg_mode, config, rollout_is_weights=weights

@@ -372,13 +372,7 @@ def compute_rollout_correction_weights(
         else:
             seq_ok = (mask_f.sum(-1) > 0).to(weights.dtype)
             total, count = (verl_F.masked_mean(weights, response_mask, axis=-1) * seq_ok).sum(), seq_ok.sum()
-        sums = torch.stack([total.double(), count.double()])
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            from verl.utils.fsdp_utils import collective_device
-
-            moved = sums.to(collective_device(None))
-            torch.distributed.all_reduce(moved)
-            sums = moved.to(sums.device)
+        sums = _sum_over_ranks(torch.stack([total.double(), count.double()]))
         mean = sums[0] / sums[1].clamp(min=1e-8)
         if mean > 1e-8:
             weights = weights / mean.to(weights.dtype)
@@ -386,6 +380,18 @@ def compute_rollout_correction_weights(
         else:
             metrics["rollout_is_batch_norm_factor"] = 1.0
     return weights, metrics
+
+
+def _sum_over_ranks(sums: torch.Tensor) -> torch.Tensor:
+    """`sums` summed over all ranks of the default process group when torch.distributed is
+    initialised (every rank must call this the same number of times), else unchanged."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        from verl.utils.fsdp_utils import collective_device
+
+        moved = sums.to(collective_device(None))
+        torch.distributed.all_reduce(moved)
+        return moved.to(sums.device)
+    return sums
 
 
 def compute_is_metrics(
@@ -859,6 +865,8 @@ def compute_rollout_correction(
         )
     kwargs = _rc_kwargs(rollout_corr_config)
     if not response_mask.bool().any():
+        if kwargs["rollout_is"] is not None and kwargs["rollout_is_batch_normalize"]:
+            _sum_over_ranks(torch.zeros(2, dtype=torch.float64))  # the other ranks normalise: take part
         weights = torch.zeros_like(old_log_prob, dtype=torch.float32) if kwargs["rollout_is"] is not None else None
         return weights, response_mask, {}
     proto, new_mask, metrics = compute_rollout_correction_and_rejection_mask(old_log_prob, rollout_log_prob, response_mask, **kwargs)
