@@ -546,3 +546,25 @@ def test_data_metrics_report_aborted_responses_and_turns():
     assert m["response_length_non_aborted/clip_ratio"] == pytest.approx(0.5)
     assert (m["num_turns/min"], m["num_turns/max"], m["num_turns/mean"]) == (1.0, 3.0, 2.0)
     assert m["tool_call_counts/mean"] == pytest.approx(1.0)
+
+
+def test_bypass_mode_uses_rollout_log_probs_as_old_and_turns_the_shortcut_off():
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    rc = SimpleNamespace(bypass_mode=True, rollout_rs=None, rollout_is="token")
+    cfg = SimpleNamespace(
+        algorithm=SimpleNamespace(rollout_correction=rc, use_kl_in_reward=False),
+        actor=SimpleNamespace(ppo_mini_batch_size=4, ppo_epochs=1), data=SimpleNamespace(train_batch_size=4))
+    fake = SimpleNamespace(cfg=cfg)
+    fake.bypass_mode = lambda: RayPPOTrainer.bypass_mode(fake)
+    roll = torch.tensor([[-1.0, -2.0]])
+    batch = DataProto.from_dict(tensors={"rollout_log_probs": roll, "response_mask": torch.ones(1, 2)})
+    out = RayPPOTrainer.compute_old_log_prob(fake, batch, {}, {})  # no worker call in bypass mode
+    assert torch.equal(out.batch["old_log_probs"], roll) and "use_current_as_old_log_prob" not in out.meta_info
+    assert RayPPOTrainer.can_skip_old_log_prob(fake) is False
+    rc.bypass_mode = False
+    assert RayPPOTrainer.can_skip_old_log_prob(fake) is True
+    rc.rollout_is_batch_normalize = True  # the batch mean needs old_log_probs of the whole batch
+    assert RayPPOTrainer.can_skip_old_log_prob(fake) is False
