@@ -294,7 +294,7 @@ def test_optimal_token_baseline_zero_tail_and_missing_inputs():
     # row 0 is the unique longest (3 vs 2 tokens): its baseline at t >= 2 is 0, so A = G there
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.5, 0.0]])
     mask = torch.tensor([[1.0, 1, 1], [1, 1, 0]])
-    kwargs = dict(old_log_probs=torch.full((2, 3), LOG(0.5)), sum_pi_squared=torch.full((2, 3), 0.5))
+    kwargs = {"old_log_probs": torch.full((2, 3), LOG(0.5)), "sum_pi_squared": torch.full((2, 3), 0.5)}
     adv, ret = get_adv_estimator_fn("optimal_token_baseline")(rewards, mask, _uids("g", "g"), **kwargs)
     assert adv[0, 2].item() == pytest.approx(ret[0, 2].item()) == 1.0
     adv_no, _ = get_adv_estimator_fn("optimal_token_baseline")(rewards, mask, _uids("g", "g"), handle_zero_tail=False, **kwargs)
@@ -310,7 +310,7 @@ def test_tir_optimal_token_baseline_compares_the_kth_valid_token():
     # row 1 = -0.5 on cols 0 and 1
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 0, 1], [1, 1, 0]])
-    kwargs = dict(old_log_probs=torch.full((2, 3), LOG(0.5)), sum_pi_squared=torch.full((2, 3), 0.5))
+    kwargs = {"old_log_probs": torch.full((2, 3), LOG(0.5)), "sum_pi_squared": torch.full((2, 3), 0.5)}
     adv, _ = get_adv_estimator_fn("tir_optimal_token_baseline")(rewards, mask, _uids("g", "g"), **kwargs)
     torch.testing.assert_close(adv, torch.tensor([[0.5, 0.0, 0.5], [-0.5, -0.5, 0.0]]), atol=1e-6, rtol=0)
 

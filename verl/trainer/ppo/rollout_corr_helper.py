@@ -840,8 +840,8 @@ def apply_bypass_mode(batch, rollout_corr_config: Any = None, policy_loss_config
         policy_loss_config["rollout_correction"] = rollout_corr_config
         policy_loss_config["loss_mode"] = "bypass_mode"
     else:
-        setattr(policy_loss_config, "rollout_correction", rollout_corr_config)
-        setattr(policy_loss_config, "loss_mode", "bypass_mode")
+        policy_loss_config.rollout_correction = rollout_corr_config
+        policy_loss_config.loss_mode = "bypass_mode"
 
 
 def compute_rollout_correction(
