@@ -224,6 +224,12 @@ def test_offpolicy_metric_numbers():
     assert m["ppl_ratio"] == pytest.approx(math.exp(-0.25))
     assert m["chi2_token"] == pytest.approx((math.e + 1) / 2 - 1)  # 0.859141
     assert m["chi2_seq"] == pytest.approx(math.e - 1)  # exp(2 * 0.5) - 1
+    # an all-masked (padding) row, anywhere in the batch, changes no per-row statistic
+    padded = rc.compute_offpolicy_metrics(torch.cat([torch.full((1, 2), -9.0), old]), torch.cat([torch.zeros(1, 2), roll]),
+                                          torch.tensor([[0, 0], [1, 1]], dtype=torch.bool))
+    assert padded == pytest.approx(m)
+    with pytest.raises(AssertionError, match="at least one valid token"):
+        rc.compute_offpolicy_metrics(old, roll, torch.zeros(1, 2))
     only = rc.compute_offpolicy_metrics(old, None, torch.ones(1, 2))
     assert set(only) == {"training_ppl", "training_log_ppl"}
     from_lp = rc.compute_rollout_corr_metrics_from_logprobs(old, roll, torch.ones(1, 2))

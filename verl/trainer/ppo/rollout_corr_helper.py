@@ -638,7 +638,9 @@ def compute_rs_metrics(
 def compute_offpolicy_metrics(
     old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor | None, response_mask: torch.Tensor
 ) -> dict[str, float]:
-    """Mismatch diagnostics (upstream's names and definitions, no prefix), [B, L] inputs:
+    """Mismatch diagnostics (upstream's names and definitions, no prefix), [B, L] inputs. Token
+    statistics are over the valid tokens; per-row statistics are over the rows with at least one
+    valid token (all-masked padding rows are ignored):
 
     - `training_ppl` / `training_log_ppl`: mean over rows of exp(-mean_t old_log_prob) / of
       -mean_t old_log_prob;
@@ -651,12 +653,13 @@ def compute_offpolicy_metrics(
     - `ppl_ratio`: mean over rows of training_ppl_i / rollout_ppl_i;
     - `chi2_token`: masked mean of rho^2 - 1, rho = exp(lr clamped to +-20);
     - `chi2_seq`: mean over rows of exp(2 * clamp(sum_t lr, +-20)) - 1.
+    AssertionError when no token is valid (upstream's contract).
     """
-    if not response_mask.any():
-        raise ValueError("Expected at least one valid token in response_mask")
+    assert response_mask.bool().any(), "Expected at least one valid token in response_mask"
+    rows = response_mask.bool().any(-1)
     old = old_log_prob.detach()
     m: dict[str, float] = {}
-    mean_old = verl_F.masked_mean(old, response_mask, axis=-1)
+    mean_old = verl_F.masked_mean(old, response_mask, axis=-1)[rows]
     m["training_ppl"] = torch.exp(-mean_old).mean().item()
     m["training_log_ppl"] = (-mean_old).mean().item()
     if rollout_log_prob is None:
@@ -665,7 +668,7 @@ def compute_offpolicy_metrics(
     lr = old - roll
     m["kl"] = verl_F.masked_mean(roll - old, response_mask).item()
     m["k3_kl"] = verl_F.masked_mean(torch.exp(lr) - lr - 1, response_mask).item()
-    mean_roll = verl_F.masked_mean(roll, response_mask, axis=-1)
+    mean_roll = verl_F.masked_mean(roll, response_mask, axis=-1)[rows]
     m["rollout_ppl"] = torch.exp(-mean_roll).mean().item()
     m["rollout_log_ppl"] = (-mean_roll).mean().item()
     diff = mean_roll - mean_old
@@ -676,7 +679,7 @@ def compute_offpolicy_metrics(
     m["ppl_ratio"] = torch.exp(diff).mean().item()
     rho = torch.exp(torch.clamp(lr, -SAFETY_BOUND, SAFETY_BOUND))
     m["chi2_token"] = (verl_F.masked_mean(rho.square(), response_mask) - 1.0).item()
-    seq_lr = torch.clamp(verl_F.masked_sum(lr, response_mask, axis=-1), -SAFETY_BOUND, SAFETY_BOUND)
+    seq_lr = torch.clamp(verl_F.masked_sum(lr, response_mask, axis=-1)[rows], -SAFETY_BOUND, SAFETY_BOUND)
     m["chi2_seq"] = (torch.exp(2.0 * seq_lr).mean() - 1.0).item()
     return m
 
