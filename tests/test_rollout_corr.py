@@ -336,3 +336,47 @@ def test_fully_rejected_sequence_is_counted_and_loss_stays_finite():
 def test_shape_mismatch_raises():
     with pytest.raises(ValueError, match="share a shape"):
         rc.compute_rollout_correction(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2), {})
+
+
+# ---------------------------------------------------------------------------------------------
+# batch normalisation across data-parallel ranks
+# ---------------------------------------------------------------------------------------------
+
+# two ranks: rank 0 ratios (0.6, 1, 3) -> TIS weights (0.6, 1, 2); rank 1 one valid token of ratio 1.5
+_RANK_RATIOS = [[[0.6, 1.0, 3.0]], [[1.5, 7.0, 1.0]]]
+_RANK_MASKS = [[[1, 1, 1]], [[1, 0, 0]]]
+
+
+def _batch_norm_worker(rank, init_file, out_file, empty_rank):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    old, roll = _logs(_RANK_RATIOS[rank])
+    mask = torch.tensor(_RANK_MASKS[rank], dtype=torch.float32)
+    if rank == empty_rank:
+        mask = torch.zeros_like(mask)
+    weights, _, m = rc.compute_rollout_correction(
+        old, roll, mask, {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": True})
+    torch.save((weights, m.get("rollout_corr/rollout_is_batch_norm_factor")), f"{out_file}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a missing collective on the empty rank would hang
+@pytest.mark.parametrize("empty_rank", [None, 1])
+def test_batch_normalisation_uses_the_mean_over_all_ranks(tmp_path, empty_rank):
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "w")
+    mp.spawn(_batch_norm_worker, args=(str(tmp_path / "init"), out, empty_rank), nprocs=2, join=True)
+    w0, f0 = torch.load(f"{out}.0")
+    w1, f1 = torch.load(f"{out}.1")
+    if empty_rank is None:
+        # global mean over the 4 valid tokens: (0.6 + 1 + 2 + 1.5) / 4 = 1.275
+        assert f0 == pytest.approx(1.275) and f1 == pytest.approx(1.275)
+        torch.testing.assert_close(w1, torch.tensor([[1.5 / 1.275, 0.0, 0.0]]))
+    else:
+        # rank 1 has no valid token: it still takes part, rank 0's mean is its own 1.2
+        assert f0 == pytest.approx(1.2) and f1 is None
+        torch.testing.assert_close(w1, torch.zeros(1, 3))
+    torch.testing.assert_close(w0, torch.tensor([[0.6, 1.0, 2.0]]) / f0)
