@@ -94,6 +94,12 @@ UPSTREAM: dict[str, dict[str, list[str] | None]] = {
         "calc_maj_val": ["data", "vote_key", "val_key"],
         "process_validation_metrics": ["data_sources", "sample_uids", "infos_dict", "seed"],
     },
+    # the module-level algorithm helpers of the trainer module (the trainer class is not listed)
+    "verl.trainer.ppo.ray_trainer": {
+        "compute_advantage": ["data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config"],
+        "apply_kl_penalty": ["data", "kl_ctrl", "kl_penalty"],
+        "compute_response_mask": ["data"],
+    },
 }
 
 # upstream's keyword-only parameters (after `*`)
