@@ -118,6 +118,7 @@ def test_our_extra_rules_icepop_kpop_ratio_bounds():
     mask = torch.ones(1, 5)
     assert _mask(old, roll, mask, "icepop") == [[False, True, True, True, False]]  # defaults [0.5, 5]
     assert _mask(old, roll, mask, "icepop", "0.8_2.0") == [[False, False, True, False, False]]
+    assert _mask(old, roll, mask, "icepop", 6.5) == [[False, True, True, True, True]]  # lower stays 0.5
     old, roll = _logs([[1.0, 3.0, 1.0], [1.5, 1.5, 1.5]])
     mask = torch.ones(2, 3)
     assert _mask(old, roll, mask, "token", 2.0) == [[True, False, True], [True] * 3]

@@ -183,7 +183,7 @@ def _parse_rollout_rs_thresholds(options: list[str], spec: Any, lower_spec: Any 
             if lower is None and lower_spec is not None:
                 lower = float(lower_spec)
             if lower is None:
-                lower = _ICEPOP_DEFAULTS[0] if option == "icepop" and entry is None else 1.0 / upper
+                lower = _ICEPOP_DEFAULTS[0] if option == "icepop" else 1.0 / upper
             if not (lower > 0 and upper > 0):
                 raise ValueError(f"Thresholds for option '{option}' must be positive, got lower={lower}, upper={upper}.")
             out[option] = (lower, upper)
