@@ -84,7 +84,21 @@ def test_prompt_mean_without_group_info_raises():
 
 def test_invalid_mode_raises_with_list():
     with pytest.raises(ValueError, match="token-mean"):
-        agg_loss(torch.ones(1, 2), torch.ones(1, 2), "token-sum")
+        agg_loss(torch.ones(1, 2), torch.ones(1, 2), "token-avg")
+
+
+def test_token_sum_value_grad_and_dp_scaling():
+    # upstream's token-sum: the plain sum of the valid tokens, times dp_size (FSDP then averages
+    # the rank gradients back to the sum over all ranks)
+    loss_mat = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    loss = agg_loss(loss_mat, mask, "token-sum")
+    assert loss.item() == pytest.approx(1 + 2 + 4 + 5 + 6)
+    loss.backward()
+    assert torch.equal(loss_mat.grad, mask.float())
+    assert agg_loss(loss_mat, mask, "token-sum", dp_size=4).item() == pytest.approx(18 * 4)
+    with global_batch_info(dp_size=2, batch_num_tokens=100):
+        assert agg_loss(loss_mat, mask, "token-sum").item() == pytest.approx(36)
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)

@@ -448,6 +448,9 @@ def _uniform_kwargs(rewards, mask, index, config):
         turn_ids=None,
         token_level_scores=rewards,
         step_end_mask=None,
+        old_log_probs=torch.full_like(rewards, -0.5),
+        sum_pi_squared=torch.full_like(rewards, 0.4),
+        rollout_is_weights=None,
         some_future_kwarg="ignored",
     )
 
@@ -469,7 +472,11 @@ def test_every_estimator_accepts_uniform_kwargs_and_empty_rows(name):
     assert not adv.requires_grad
 
 
-@pytest.mark.parametrize("name", ["grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "gpg", "grpo_passk", "grpo_process"])
+@pytest.mark.parametrize(
+    "name",
+    ["grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "gpg", "grpo_passk", "grpo_process", "gdpo",
+     "optimal_token_baseline", "tir_optimal_token_baseline"],
+)
 def test_singleton_groups_get_zero(name):
     rewards, mask = _outcome([1.0, 5.0, -2.0])
     adv, _ = get_adv_estimator_fn(name)(**_uniform_kwargs(rewards, mask, _uids("a", "b", "c"), AlgoConfig()))

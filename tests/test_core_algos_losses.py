@@ -39,24 +39,43 @@ def test_every_documented_loss_is_registered():
 def test_unknown_loss_lists_registered_names():
     with pytest.raises(ValueError, match="vanilla") as info:
         get_policy_loss_fn("nope")
-    assert "nope" in str(info.value)
+    # upstream's first words, then our list of registered names
+    assert str(info.value).startswith("Unsupported loss mode: nope.")
 
 
-def test_registering_a_different_function_under_taken_name_raises():
+def test_registering_a_policy_loss_under_taken_name_overrides_with_a_warning(caplog):
     def other(*args, **kwargs):
         return None
 
-    with pytest.raises(ValueError, match="already registered"):
-        register_policy_loss("vanilla")(other)
-    with pytest.raises(ValueError, match="already registered"):
-        register_adv_est("grpo")(other)
-    # the same function again is accepted (re-import of a user module)
+    original = POLICY_LOSS_REGISTRY["vanilla"]
+    try:
+        with caplog.at_level("WARNING", logger="verl.trainer.ppo.core_algos"):
+            register_policy_loss("vanilla")(other)
+        assert get_policy_loss_fn("vanilla") is other
+        warning = " ".join(r.getMessage() for r in caplog.records)
+        assert "other" in warning and "compute_policy_loss_vanilla" in warning
+    finally:
+        POLICY_LOSS_REGISTRY["vanilla"] = original
+    # the same function again is accepted silently (re-import of a user module)
+    caplog.clear()
     assert register_policy_loss("vanilla")(core_algos.compute_policy_loss_vanilla) is core_algos.compute_policy_loss_vanilla
+    assert not caplog.records
+
+
+def test_registering_a_different_estimator_under_taken_name_raises():
+    def other(*args, **kwargs):
+        return None
+
+    # upstream keeps estimators from being replaced by accident (unlike losses)
+    with pytest.raises(ValueError, match="^Adv estimator grpo has already been registered"):
+        register_adv_est("grpo")(other)
+    assert core_algos.get_adv_estimator_fn("grpo") is core_algos.compute_grpo_outcome_advantage
 
 
 def test_unknown_estimator_lists_registered_names():
-    with pytest.raises(ValueError, match="grpo"):
+    with pytest.raises(ValueError, match="grpo") as info:
         core_algos.get_adv_estimator_fn("nope")
+    assert str(info.value).startswith("Unknown advantage estimator simply: nope.")
     assert core_algos.get_adv_estimator_fn(core_algos.AdvantageEstimator.RLOO) is core_algos.compute_rloo_outcome_advantage
 
 
@@ -293,6 +312,8 @@ def test_kl_cov_adds_penalty_on_top_covariance_tokens():
     # penalised with |lr| = 0.5
     assert loss.item() == pytest.approx(base.item() + 0.5 / 4, abs=1e-6)
     assert m["actor/ppo_kl_abs"] == pytest.approx((0.5 + 0.5 + 0.1) / 4)
+    # as upstream, this loss reports the mean |log ratio| as actor/ppo_kl (signed mean would be -0.025)
+    assert m["actor/ppo_kl"] == pytest.approx((0.5 + 0.5 + 0.1) / 4)
 
 
 def test_geo_mean_hand_computed():

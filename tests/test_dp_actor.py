@@ -185,11 +185,11 @@ def test_use_current_with_rollout_is_weights_equals_recomputed_old(tiny, mode):
     metrics2 = a2.update_policy(_proto(batch, uid, rollout_correction=rc, use_current_as_old_log_prob=True))
     for p, q in zip(m1.parameters(), m2.parameters()):
         torch.testing.assert_close(p, q, atol=5e-6, rtol=0)
-    for name in ("rollout_corr/is_weight_mean", "rollout_corr/is_truncated_frac"):
+    for name in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_ratio_fraction_high"):
         assert metrics2[name][0] == pytest.approx(metrics1[name][0], rel=1e-5)
-    assert 0 < metrics1["rollout_corr/is_truncated_frac"][0] < 1
+    assert 0 < metrics1["rollout_corr/rollout_is_ratio_fraction_high"][0] < 1
     # the shortcut replaces compute_log_prob, so it reports the mismatch under that pass's names
-    assert metrics2["rollout_mismatch/kl_k1"][0] == pytest.approx(metrics1["rollout_corr/kl_k1"][0], rel=1e-5)
+    assert metrics2["rollout_mismatch/kl_k1"][0] == pytest.approx(metrics1["rollout_corr/kl"][0], rel=1e-5)
     assert not any(k.startswith("rollout_mismatch/") for k in metrics1)
 
 
@@ -260,8 +260,9 @@ def test_rollout_correction_from_meta_info(tiny):
     rc = {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": None}
     actor, updated = _actor(model)
     metrics = actor.update_policy(_proto(batch, uid, rollout_correction=rc))
-    assert metrics["rollout_corr/is_weight_mean"][0] == pytest.approx(math.exp(0.3), rel=1e-4)
-    assert metrics["rollout_corr/kl_k1"][0] == pytest.approx(-0.3, abs=1e-5) or metrics["rollout_corr/kl_k1"][0] == pytest.approx(0.3, abs=1e-5)
+    assert metrics["rollout_corr/rollout_is_mean"] == [pytest.approx(math.exp(0.3), rel=1e-4)]  # once per call
+    # kl = mean(rollout - old) = -0.3
+    assert metrics["rollout_corr/kl"] == [pytest.approx(-0.3, abs=1e-5)]
     # same as passing the weights explicitly
     actor2, updated2 = _actor(model)
     batch2 = dict(batch, rollout_is_weights=torch.full(batch["responses"].shape, math.exp(0.3)) * batch["response_mask"])
@@ -309,3 +310,48 @@ def test_step_meter_agrees_on_metric_names_across_ranks(tmp_path):
     mp.spawn(_meter_worker, args=(str(tmp_path / "init"), out_file), nprocs=2, join=True)
     out = torch.load(out_file)
     assert out == {"loss": [3.0], "a_extra": [4.0], "w": [0.5]}
+
+
+def test_bypass_mode_ppo_clip_equals_vanilla_on_rollout_log_probs(tiny):
+    # bypass: old_log_probs are the rollout's; with loss_type=ppo_clip and no rejection the update
+    # is vanilla PPO against them (IS weights only reported, not applied)
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    rollout_lp = reference_log_probs(model, batch) - 0.2 * batch["response_mask"]
+    batch.update(rollout_log_probs=rollout_lp, old_log_probs=rollout_lp)
+    rc = {"bypass_mode": True, "loss_type": "ppo_clip", "rollout_is": "token", "rollout_is_threshold": 2.0}
+    a1, m1 = _actor(model, ppo_micro_batch_size_per_gpu=3)
+    metrics = a1.update_policy(_proto(batch, uid, rollout_correction=rc))
+    a2, m2 = _actor(model)
+    a2.update_policy(_proto(batch, uid))
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+    # the current policy is e^0.2 more likely than the rollout on every token
+    assert metrics["rollout_corr/rollout_is_mean"][0] == pytest.approx(math.exp(0.2), rel=1e-4)
+    # reinforce: runs and differs from ppo_clip
+    a3, m3 = _actor(model)
+    a3.update_policy(_proto(batch, uid, rollout_correction=dict(rc, loss_type="reinforce")))
+    assert any(not torch.allclose(p, q) for p, q in zip(m1.parameters(), m3.parameters()))
+    with pytest.raises(ValueError, match="bypass_mode"):
+        _actor(model)[0].update_policy(_proto(batch, uid, rollout_correction=rc, use_current_as_old_log_prob=True))
+
+
+def test_rollout_rejection_applies_before_the_loss_denominators(tiny):
+    # rejecting tokens with token_k1 (ratios outside [1/1.5, 1.5]) must equal training on the
+    # pre-rejected mask, for any micro-batch split
+    _, tok, model = tiny
+    batch, uid = _data(tok)
+    old = reference_log_probs(model, batch)
+    g = torch.Generator().manual_seed(3)
+    shift = torch.where(torch.rand(batch["responses"].shape, generator=g) < 0.3, 0.8, 0.1)
+    batch.update(old_log_probs=old, rollout_log_probs=old - shift * batch["response_mask"])
+    rc = {"rollout_rs": "token_k1", "rollout_rs_threshold": 1.5}
+    a1, m1 = _actor(model, ppo_micro_batch_size_per_gpu=3)
+    metrics = a1.update_policy(_proto(batch, uid, rollout_correction=rc))
+    kept = batch["response_mask"] * (shift < 0.5)
+    a2, m2 = _actor(model)
+    a2.update_policy(_proto(dict(batch, response_mask=kept), uid))
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+    share = float((batch["response_mask"] * (shift >= 0.5)).sum() / batch["response_mask"].sum())
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"][0] == pytest.approx(share)

@@ -315,6 +315,11 @@ ALGORITHMS = {
     "gpg": ["algorithm.adv_estimator=gpg", "actor_rollout_ref.actor.policy_loss.loss_mode=gpg"],
     "sapo": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=sapo"],
     "cispo": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=cispo"],
+    "dppo_tv": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=dppo_tv"],
+    "dro": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=dro"],
+    "grpo_multi_rule_rs": ["algorithm.adv_estimator=grpo", "algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2'",
+                           "algorithm.rollout_correction.rollout_rs_threshold='2.0,1.0'",
+                           "actor_rollout_ref.rollout.calculate_log_probs=True"],
     "grpo_tis": ["algorithm.adv_estimator=grpo", "algorithm.rollout_correction.rollout_is=token",
                  "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"],
 }
@@ -327,6 +332,9 @@ def test_every_algorithm_runs_a_step(ray_session, assets, tmp_path, name):
     s = m[1]
     assert finite(s["actor/pg_loss"]) and finite(s["actor/grad_norm"]), s
     assert finite(s["critic/advantages/mean"])
+    if name == "grpo_multi_rule_rs":  # both rules reached the actor and reported under upstream's names
+        for key in ("rollout_rs_token_k1_masked_fraction", "rollout_rs_seq_max_k2_masked_fraction", "rollout_rs_masked_fraction", "kl"):
+            assert finite(s[f"rollout_corr/{key}"]), key
 
 
 def test_reward_model_worker_scores_the_responses(ray_session, assets, tmp_path):

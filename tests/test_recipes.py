@@ -42,9 +42,9 @@ EXPECTED: dict[str, tuple[dict, list[str]]] = {
     "gspo": ({LOSS: "gspo", "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"}, []),
     "sapo": ({LOSS: "sapo"}, ["actor/sapo_gate_mean"]),
     "cispo": ({LOSS: "cispo"}, []),
-    "icepop": ({"algorithm.rollout_correction.rollout_rs": "icepop"}, ["rollout_corr/rs_masked_token_frac"]),
-    "kpop": ({"algorithm.rollout_correction.rollout_rs": "kpop"}, ["rollout_corr/rs_masked_token_frac"]),
-    "tis": ({"algorithm.rollout_correction.rollout_is": "token"}, ["rollout_corr/is_weight_mean"]),
+    "icepop": ({"algorithm.rollout_correction.rollout_rs": "icepop"}, ["rollout_corr/rollout_rs_masked_fraction"]),
+    "kpop": ({"algorithm.rollout_correction.rollout_rs": "kpop"}, ["rollout_corr/rollout_rs_masked_fraction"]),
+    "tis": ({"algorithm.rollout_correction.rollout_is": "token"}, ["rollout_corr/rollout_is_mean"]),
     "custom_loss": ({LOSS: "truncated_pg"}, []),
 }
 

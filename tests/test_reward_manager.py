@@ -203,7 +203,7 @@ def test_user_manager_class_from_file(tmp_path):
     ))
     cls = get_reward_manager_cls(f"{f}:ConstantRM")
     assert cls(CharTokenizer(), 0, exact)(make_batch(["1$"], ["2"])).sum().item() == 0.75
-    with pytest.raises(ValueError, match="not a registered reward manager.*'naive'"):
+    with pytest.raises(ValueError, match=r"^Unknown reward manager: \S+\. .*not a registered reward manager.*'naive'"):
         get_reward_manager_cls("nope")
     with pytest.raises(AttributeError, match="defines no 'Missing'"):
         get_reward_manager_cls(f"{f}:Missing")

@@ -1,6 +1,8 @@
 """Driver-side pieces of the loop, without workers: KL in reward, advantages through the
 registry on DataProto, DAPO dynamic sampling, step metrics and validation metrics."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -434,3 +436,135 @@ def test_an_empty_validation_set_is_named():
     pools = ResourcePoolManager({"global_pool": [1]}, {Role.ActorRollout: "global_pool"}, use_gpu=False)
     with pytest.raises(ValueError, match=r"the validation set data\.val_files=None has no prompts"):
         RayPPOTrainer(config, None, {Role.ActorRollout: object}, pools, train_dataset=[{"x": 1}] * 32, val_dataset=[])
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 10: compute_advantage's defaults never override the config; one explained variance
+# ---------------------------------------------------------------------------------------------
+
+
+def _adv_batch(rewards, uids):
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": torch.ones_like(rewards)},
+        non_tensors={"uid": np.array(uids, dtype=object)},
+    )
+
+
+def test_compute_advantage_reinforce_pp_uses_config_gamma_not_the_default():
+    from verl.trainer.config.algorithm import AlgoConfig
+
+    # reward 1 on the last of 3 tokens, config gamma 0.5: returns (0.25, 0.5, 1) (the default
+    # argument gamma=1.0 would give (1, 1, 1))
+    data = compute_advantage(_adv_batch([[0.0, 0.0, 1.0]], ["a"]), "reinforce_plus_plus",
+                             config=AlgoConfig(adv_estimator="reinforce_plus_plus", gamma=0.5))
+    torch.testing.assert_close(data.batch["returns"], torch.tensor([[0.25, 0.5, 1.0]]))
+    # without a config the explicit argument is used
+    data = compute_advantage(_adv_batch([[0.0, 0.0, 1.0]], ["a"]), "reinforce_plus_plus", gamma=0.5)
+    torch.testing.assert_close(data.batch["returns"], torch.tensor([[0.25, 0.5, 1.0]]))
+
+
+def test_compute_advantage_grpo_passk_uses_config_norm_flag_not_the_default():
+    from verl.trainer.config.algorithm import AlgoConfig
+
+    # group rewards (1, 0.25): the best gets r_max - r_second = 0.75; divided by the unbiased std
+    # 0.530330 only when normalising (1.414211)
+    uids = ["g", "g"]
+    off = compute_advantage(_adv_batch([[1.0], [0.25]], uids), "grpo_passk",
+                            config=AlgoConfig(adv_estimator="grpo_passk", norm_adv_by_std_in_grpo=False))
+    torch.testing.assert_close(off.batch["advantages"], torch.tensor([[0.75], [0.0]]))
+    on = compute_advantage(_adv_batch([[1.0], [0.25]], uids), "grpo_passk", norm_adv_by_std_in_grpo=False,
+                           config=AlgoConfig(adv_estimator="grpo_passk", norm_adv_by_std_in_grpo=True))
+    assert on.batch["advantages"][0, 0].item() == pytest.approx(0.75 / (0.530330 + 1e-6), abs=1e-5)
+    # grpo itself takes the explicit argument (upstream's precedence)
+    grpo = compute_advantage(_adv_batch([[1.0], [0.25]], uids), "grpo", norm_adv_by_std_in_grpo=False,
+                             config=AlgoConfig(norm_adv_by_std_in_grpo=True))
+    torch.testing.assert_close(grpo.batch["advantages"], torch.tensor([[0.375], [-0.375]]))
+
+
+def test_compute_advantage_calls_an_upstream_style_estimator_without_kwargs():
+    @core_algos.register_adv_est("test_fixed_signature_tmp")
+    def fixed(token_level_rewards, response_mask, index, config=None):
+        return token_level_rewards * 2, token_level_rewards
+
+    try:
+        data = compute_advantage(_adv_batch([[1.0, 2.0]], ["a"]), "test_fixed_signature_tmp", config={"gamma": 1.0})
+        torch.testing.assert_close(data.batch["advantages"], torch.tensor([[2.0, 4.0]]))
+    finally:
+        core_algos.ADV_ESTIMATOR_REGISTRY.pop("test_fixed_signature_tmp")
+
+
+def test_vf_explained_var_has_upstream_definition():
+    from verl.trainer.ppo.metric_utils import compute_vf_explained_var
+
+    # returns (1, 2, 3, 4), values (1, 2, 3, 3): R - V = (0, 0, 0, 1)
+    # unbiased Var(R - V) = 0.75 / 3 = 0.25, Var(R) = 5 / 3 = 1.666667
+    # 1 - 0.25 / (1.666667 + 1e-5) = 0.8500015 (biased variances without eps would give 0.85)
+    returns = torch.tensor([[1.0, 2.0, 3.0, 4.0, 9.0]])
+    values = torch.tensor([[1.0, 2.0, 3.0, 3.0, -9.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    assert compute_vf_explained_var(values, returns, mask) == pytest.approx(1 - 0.25 / (5 / 3 + 1e-5), abs=1e-9)
+    assert math.isnan(compute_vf_explained_var(values, returns, torch.tensor([[1, 0, 0, 0, 0]])))
+
+
+def test_variance_proxy_metrics_numbers():
+    from verl.trainer.ppo.metric_utils import compute_variance_proxy_metrics
+
+    # pi = 0.5, sum_pi_squared = 0.5: w = 1 - 1 + 0.5 = 0.5 per token, W = 1 per response;
+    # A = (1, -2): proxy2 = mean(1 * 1, 4 * 1) = 2.5; gradient norm 1: proxy3 = (2.5 - 1) / (2 - 1)
+    tensors = {
+        "old_log_probs": torch.full((2, 2), math.log(0.5)),
+        "sum_pi_squared": torch.full((2, 2), 0.5),
+        "advantages": torch.tensor([[1.0, 1.0], [-2.0, -2.0]]),
+        "response_mask": torch.ones(2, 2),
+    }
+    m = compute_variance_proxy_metrics(DataProto.from_dict(tensors=dict(tensors)), gradient_norm=1.0)
+    assert m["variance_proxy/proxy2_total_power"] == pytest.approx(2.5)
+    assert m["variance_proxy/proxy1_signal_strength"] == pytest.approx(1.0)
+    assert m["variance_proxy/proxy3_pure_noise"] == pytest.approx(1.5)
+    assert m["variance_proxy/expected_a_squared"] == pytest.approx(2.5) and m["variance_proxy/expected_w"] == pytest.approx(1.0)
+    # IS weights (2, 1) per response: proxy2 = mean(4 * 1 * 1, 1 * 4 * 1) = 4; W scaled by w^2: mean(4, 1)
+    m = compute_variance_proxy_metrics(DataProto.from_dict(tensors=dict(tensors, rollout_is_weights=torch.tensor([[2.0, 2.0], [1.0, 1.0]]))))
+    assert m["variance_proxy/proxy2_total_power"] == pytest.approx(4.0)
+    assert m["variance_proxy/expected_w"] == pytest.approx(2.5) and m["variance_proxy/proxy3_pure_noise"] == 0.0
+    tensors.pop("sum_pi_squared")
+    assert compute_variance_proxy_metrics(DataProto.from_dict(tensors=tensors)) == {}
+
+
+def test_data_metrics_report_aborted_responses_and_turns():
+    attn = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    rmask = attn[:, 2:]
+    data = DataProto.from_dict(
+        tensors={"responses": torch.zeros(3, 2, dtype=torch.long), "attention_mask": attn, "response_mask": rmask,
+                 "token_level_scores": torch.zeros(3, 2), "token_level_rewards": torch.zeros(3, 2)},
+        non_tensors={"__num_turns__": np.array([1, 3, 2]), "tool_call_counts": np.array([0, 2, 1])},
+    )
+    m = compute_data_metrics(data, use_critic=False, max_response_length=2)
+    # response lengths (1, 0, 2): one aborted; the others average 1.5, one of two at the limit
+    assert m["response/aborted_ratio"] == pytest.approx(1 / 3)
+    assert m["response_length_non_aborted/mean"] == pytest.approx(1.5) and m["response_length_non_aborted/min"] == 1.0
+    assert m["response_length_non_aborted/clip_ratio"] == pytest.approx(0.5)
+    assert (m["num_turns/min"], m["num_turns/max"], m["num_turns/mean"]) == (1.0, 3.0, 2.0)
+    assert m["tool_call_counts/mean"] == pytest.approx(1.0)
+
+
+def test_bypass_mode_uses_rollout_log_probs_as_old_and_turns_the_shortcut_off():
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    rc = SimpleNamespace(bypass_mode=True, rollout_rs=None, rollout_is="token")
+    cfg = SimpleNamespace(
+        algorithm=SimpleNamespace(rollout_correction=rc, use_kl_in_reward=False),
+        actor=SimpleNamespace(ppo_mini_batch_size=4, ppo_epochs=1), data=SimpleNamespace(train_batch_size=4))
+    fake = SimpleNamespace(cfg=cfg)
+    fake.bypass_mode = lambda: RayPPOTrainer.bypass_mode(fake)
+    roll = torch.tensor([[-1.0, -2.0]])
+    batch = DataProto.from_dict(tensors={"rollout_log_probs": roll, "response_mask": torch.ones(1, 2)})
+    out = RayPPOTrainer.compute_old_log_prob(fake, batch, {}, {})  # no worker call in bypass mode
+    assert torch.equal(out.batch["old_log_probs"], roll) and "use_current_as_old_log_prob" not in out.meta_info
+    assert RayPPOTrainer.can_skip_old_log_prob(fake) is False
+    rc.bypass_mode = False
+    assert RayPPOTrainer.can_skip_old_log_prob(fake) is True
+    rc.rollout_is_batch_normalize = True  # the batch mean needs old_log_probs of the whole batch
+    assert RayPPOTrainer.can_skip_old_log_prob(fake) is False

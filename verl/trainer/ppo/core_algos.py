@@ -24,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
+import logging
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -35,6 +36,8 @@ import torch
 
 import verl.utils.torch_functional as verl_F
 from verl.utils.py_functional import config_get
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     # registries
@@ -51,6 +54,8 @@ __all__ = [
     "agg_loss",
     "global_batch_info",
     "get_global_batch_info",
+    "GlobalBatchInfoView",
+    "global_batch_info_view",
     "BatchLossStats",
     "compute_batch_loss_stats",
     "merge_batch_loss_stats",
@@ -74,6 +79,13 @@ __all__ = [
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_kl_cov",
     "compute_policy_loss_geo_mean",
+    "compute_policy_loss_pg",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dro",
+    "compute_policy_loss_up",
+    "compute_policy_loss_bypass_mode",
+    "PolicyLossFn",
     "compute_entropy_loss",
     "compute_value_loss",
     # advantages
@@ -91,6 +103,10 @@ __all__ = [
     "compute_opo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_norm_outcome_advantage",
+    "compute_gdpo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
+    "compute_pf_ppo_reweight_data",
     "step_rewards_to_go",
     # GAE lambda
     "GAELambdaContext",
@@ -146,12 +162,21 @@ def _same_function(a: Callable, b: Callable) -> bool:
 
 POLICY_LOSS_REGISTRY: dict[str, Callable] = {}
 
+# type of a policy loss: (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+# rollout_is_weights) -> (pg_loss, metrics)
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
+
+
+def _qualname(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
 
 def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
     """Decorator: register a policy-loss function under `name` (`policy_loss.loss_mode`).
 
-    Registering a different function under a name that is taken raises ValueError; registering
-    the same definition again (re-import) replaces it silently.
+    As upstream, a later registration under a taken name replaces the earlier one (so a user
+    file can override a built-in loss); a warning names both functions. Registering the same
+    definition again (a re-import) replaces it silently.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"register_policy_loss: name must be a non-empty string, got {name!r}")
@@ -159,10 +184,7 @@ def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
     def decorator(fn: Callable) -> Callable:
         current = POLICY_LOSS_REGISTRY.get(name)
         if current is not None and not _same_function(current, fn):
-            raise ValueError(
-                f"policy loss {name!r} is already registered to {current.__module__}.{current.__qualname__}; "
-                f"refusing to replace it with {fn.__module__}.{fn.__qualname__}"
-            )
+            logger.warning("policy loss %r: %s replaces the registered %s", name, _qualname(fn), _qualname(current))
         POLICY_LOSS_REGISTRY[name] = fn
         return fn
 
@@ -173,7 +195,7 @@ def get_policy_loss_fn(name: str) -> Callable:
     """The policy loss registered as `name`; ValueError listing the registered names otherwise."""
     if name not in POLICY_LOSS_REGISTRY:
         raise ValueError(
-            f"Unsupported policy loss mode {name!r}; registered losses: {sorted(POLICY_LOSS_REGISTRY)}. "
+            f"Unsupported loss mode: {name}. Supported modes are: {sorted(POLICY_LOSS_REGISTRY)}. "
             "Register your own with @register_policy_loss(name) in a module the trainer imports."
         )
     return POLICY_LOSS_REGISTRY[name]
@@ -219,6 +241,9 @@ class AdvantageEstimator(str, Enum):
     OPO = "opo"
     GPG = "gpg"
     NORM = "norm"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
+    TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
+    GDPO = "gdpo"
 
 
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
@@ -231,7 +256,8 @@ def _enum_name(name_or_enum: str | Enum) -> str:
 def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callable], Callable]:
     """Decorator: register an advantage estimator under a name or `AdvantageEstimator` member.
 
-    A different function under a taken name raises ValueError (same rule as policy losses).
+    As upstream, a different function under a taken name raises ValueError (estimators are not
+    overridden by accident); the same definition again (a re-import) replaces it silently.
     """
     name = _enum_name(name_or_enum)
     if not isinstance(name, str) or not name:
@@ -241,8 +267,7 @@ def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callab
         current = ADV_ESTIMATOR_REGISTRY.get(name)
         if current is not None and not _same_function(current, fn):
             raise ValueError(
-                f"advantage estimator {name!r} is already registered to {current.__module__}.{current.__qualname__}; "
-                f"refusing to replace it with {fn.__module__}.{fn.__qualname__}"
+                f"Adv estimator {name} has already been registered: {_qualname(current)} vs {_qualname(fn)}"
             )
         ADV_ESTIMATOR_REGISTRY[name] = fn
         return fn
@@ -255,7 +280,7 @@ def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable:
     name = _enum_name(name_or_enum)
     if name not in ADV_ESTIMATOR_REGISTRY:
         raise ValueError(
-            f"Unknown advantage estimator {name!r}; registered estimators: {sorted(ADV_ESTIMATOR_REGISTRY)}. "
+            f"Unknown advantage estimator simply: {name}. Registered estimators: {sorted(ADV_ESTIMATOR_REGISTRY)}. "
             "Register your own with @register_adv_est(name) in a module the trainer imports."
         )
     return ADV_ESTIMATOR_REGISTRY[name]
@@ -379,7 +404,7 @@ def get_kl_controller(kl_ctrl: Any):
 # Loss aggregation and exact micro-batching
 # =============================================================================================
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean")
 GLOBAL_BATCH_INFO_KEYS = (
     "dp_size",
     "batch_num_tokens",
@@ -388,7 +413,10 @@ GLOBAL_BATCH_INFO_KEYS = (
     "group_num_tokens",
     "global_num_groups",
 )
-_GLOBAL_BATCH_INFO: contextvars.ContextVar[dict] = contextvars.ContextVar("verl_global_batch_info", default={})
+# values written outside any `global_batch_info` context (upstream-style code that fills
+# `config.global_batch_info[...]` itself); every context starts from them
+_BASE_GLOBAL_BATCH_INFO: dict = {}
+_GLOBAL_BATCH_INFO: contextvars.ContextVar[dict] = contextvars.ContextVar("verl_global_batch_info", default=_BASE_GLOBAL_BATCH_INFO)
 
 
 @contextlib.contextmanager
@@ -428,9 +456,53 @@ def global_batch_info(**info: Any) -> Iterator[dict]:
 
 
 def get_global_batch_info() -> dict:
-    """The values of the innermost active `global_batch_info` context ({} outside any context).
-    Upstream-style code that does `agg_loss(..., **config.global_batch_info)` can use this dict."""
+    """A copy of the values of the innermost active `global_batch_info` context (outside any
+    context: the values written through `global_batch_info_view()`, usually {})."""
     return dict(_GLOBAL_BATCH_INFO.get())
+
+
+class GlobalBatchInfoView(MutableMapping):
+    """Live, writable view of the active global batch info (what `ActorConfig.global_batch_info`
+    returns).
+
+    Upstream's actor writes the denominators into `config.global_batch_info[...]` before calling
+    a loss, and upstream losses call `agg_loss(..., **config.global_batch_info)`. Through this view
+    such writes land in the innermost active `global_batch_info(...)` context (for the rest of that
+    context), or, outside any context, in the process-wide base values that every later context
+    and every `agg_loss` call starts from, so the normalisation follows what the code wrote.
+    Keys are checked against `GLOBAL_BATCH_INFO_KEYS`; assigning None removes a key.
+    """
+
+    def _target(self) -> dict:
+        return _GLOBAL_BATCH_INFO.get()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._target()[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in GLOBAL_BATCH_INFO_KEYS:
+            raise KeyError(f"global_batch_info: unknown key {key!r}; accepted: {list(GLOBAL_BATCH_INFO_KEYS)}")
+        if value is None:
+            self._target().pop(key, None)
+        else:
+            self._target()[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._target()[key]
+
+    def __iter__(self):
+        return iter(dict(self._target()))
+
+    def __len__(self) -> int:
+        return len(self._target())
+
+    def __repr__(self) -> str:
+        return f"GlobalBatchInfoView({dict(self._target())!r})"
+
+
+def global_batch_info_view() -> GlobalBatchInfoView:
+    """The live view described in `GlobalBatchInfoView`."""
+    return GlobalBatchInfoView()
 
 
 @dataclass
@@ -543,6 +615,8 @@ def agg_loss(
 
     Modes (l = loss_mat, m = loss_mask, n_i = valid tokens of row i, B = rows with n_i > 0):
     - `token-mean`: sum(l*m) / sum(m)
+    - `token-sum`: sum(l*m) (no normalisation; times `dp_size` so FSDP's gradient mean over
+      ranks gives the sum over all ranks' tokens)
     - `seq-mean-token-sum`: sum_i sum_t l*m / B
     - `seq-mean-token-mean`: sum_i (sum_t l*m / n_i) / B
     - `seq-mean-token-sum-norm` (Dr.GRPO): sum(l*m) / (B * loss_scale_factor); the factor should be
@@ -592,6 +666,9 @@ def agg_loss(
                 raise ValueError("agg_loss(token-mean): batch_num_tokens (global) is required when dp_size > 1")
             batch_num_tokens = row_tokens.sum()
         return selected.sum() / _clamp_count(batch_num_tokens, loss_mat) * dp_size
+
+    if loss_agg_mode == "token-sum":
+        return selected.sum() * dp_size
 
     if loss_agg_mode == "prompt-mean":
         if group_num_tokens is None:
@@ -751,7 +828,7 @@ def compute_policy_loss_sapo(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str = "seq-mean-token-mean",
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -760,6 +837,8 @@ def compute_policy_loss_sapo(
     `gate = sigmoid(tau * (ratio - 1)) * 4 / tau`, tau = `policy_loss.tau_pos` (default 1.0) where
     A > 0 else `policy_loss.tau_neg` (1.05); per-token loss `-gate * A`. At ratio 1 the gate is
     2/tau with slope exactly 1 (same gradient as the unclipped objective on-policy).
+    As upstream (and the SAPO paper), the loss is always aggregated `seq-mean-token-mean`; the
+    `loss_agg_mode` argument is accepted and ignored.
     Metrics: `actor/pg_clipfrac` and `actor/pg_clipfrac_lower` are 0 (nothing is clipped);
     `actor/sapo_gate_mean` is the masked mean gate.
     """
@@ -773,7 +852,7 @@ def compute_policy_loss_sapo(
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
     pg_losses = -gate * advantages
     ppo_kl = verl_F.masked_mean(-log_ratio.detach(), response_mask)
-    pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    pg_loss = _finish(pg_losses, response_mask, "seq-mean-token-mean", config, rollout_is_weights)
     return pg_loss, _metrics(0.0, ppo_kl, 0.0, **{"actor/sapo_gate_mean": verl_F.masked_mean(gate.detach(), response_mask)})
 
 
@@ -806,7 +885,7 @@ def compute_policy_loss_cispo(
 
 @register_policy_loss("reinforce")
 @register_policy_loss("pg")
-def compute_policy_loss_reinforce(
+def compute_policy_loss_pg(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
@@ -815,8 +894,9 @@ def compute_policy_loss_reinforce(
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """REINFORCE / vanilla policy gradient: per token `-A * log_prob`; with
-    `policy_loss.pg_use_ratio=True` multiplied by the stop-gradient ratio (off-policy correction)."""
+    """REINFORCE / vanilla policy gradient as a registered loss (`loss_mode=reinforce` or `pg`):
+    per token `-A * log_prob`; with `policy_loss.pg_use_ratio=True` multiplied by the
+    stop-gradient ratio (off-policy correction). Shapes as `compute_policy_loss_vanilla`."""
     log_ratio = _clamped_log_ratio(log_prob, old_log_prob).detach()
     coef = advantages
     if bool(_loss_knob(config, "pg_use_ratio", False)):
@@ -825,6 +905,32 @@ def compute_policy_loss_reinforce(
     ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
     pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, _metrics(0.0, ppo_kl, 0.0)
+
+
+def compute_policy_loss_reinforce(
+    rollout_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """REINFORCE with optional IS correction (upstream's direct function; used by `bypass_mode`
+    with `loss_type=reinforce`).
+
+    Per token `-A * log_prob * w`, w = `rollout_is_weights` (detached; 1 when None). No ratio,
+    no clip. Args ([B, L]): rollout_log_prob (the behaviour policy, only for the metric),
+    log_prob (requires grad), advantages, response_mask (after any rejection).
+    Returns pg_loss and `{"actor/ppo_kl": masked mean of rollout_log_prob - log_prob}`.
+    """
+    coef = advantages
+    if rollout_is_weights is not None:
+        coef = coef * rollout_is_weights.detach()
+    pg_losses = -_valid_only(coef, response_mask) * log_prob
+    pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, None)
+    kl = verl_F.masked_mean((rollout_log_prob - log_prob).detach(), response_mask)
+    return pg_loss, {"actor/ppo_kl": _to_float(kl)}
 
 
 @register_policy_loss("gpg")
@@ -908,7 +1014,8 @@ def compute_policy_loss_kl_cov(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov: unclipped `-A * ratio`, plus `ppo_kl_coef * |log ratio|` on the top
     `max(1, kl_cov_ratio * n_valid)` valid tokens by covariance (A - mean A)(log_prob - mean).
-    Metrics: `actor/ppo_kl` as usual and `actor/ppo_kl_abs` = masked mean |log ratio|."""
+    Metrics: `actor/ppo_kl` = `actor/ppo_kl_abs` = masked mean |log ratio| (upstream's definition
+    for this loss)."""
     kl_cov_ratio = float(_loss_knob(config, "kl_cov_ratio", 0.0002))
     kl_coef = float(_loss_knob(config, "ppo_kl_coef", 0.1))
     if not kl_cov_ratio > 0:
@@ -929,10 +1036,10 @@ def compute_policy_loss_kl_cov(
             top = torch.topk(cov.reshape(-1), k).indices
             selected.view(-1)[top] = True
     pg_losses = torch.where(selected, losses_kl, losses)
-    ppo_kl = verl_F.masked_mean(-log_ratio.detach(), response_mask)
     ppo_kl_abs = verl_F.masked_mean(log_ratio.detach().abs(), response_mask)
     pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return pg_loss, _metrics(0.0, ppo_kl, 0.0, **{"actor/ppo_kl_abs": ppo_kl_abs})
+    # upstream reports the mean |log ratio| as actor/ppo_kl for this loss (the quantity it penalises)
+    return pg_loss, _metrics(0.0, ppo_kl_abs, 0.0, **{"actor/ppo_kl_abs": ppo_kl_abs})
 
 
 @register_policy_loss("geo_mean")
@@ -952,7 +1059,7 @@ def compute_policy_loss_geo_mean(
     mean; loss_i = -mean_t(A) * ratio_i, averaged over non-empty sequences. The objective is
     sequence-level by construction, so `loss_agg_mode` is not used (sequence mean, micro-batch
     exact through `global_batch_size`). Rollout IS weights multiply each sequence loss by their
-    masked mean over the sequence. `actor/pg_clipfrac` / `_lower`: clipped tokens with A > 0 / A < 0.
+    geometric mean over the sequence, `exp(mean_t log(w_t + 1e-10))`. `actor/pg_clipfrac` / `_lower`: clipped tokens with A > 0 / A < 0.
     """
     del loss_agg_mode
     low, high, _ = _clip_params(config)
@@ -965,7 +1072,10 @@ def compute_policy_loss_geo_mean(
     seq_adv = verl_F.masked_sum(advantages, response_mask, axis=-1) / seq_len
     seq_loss = -seq_adv * seq_ratio
     if rollout_is_weights is not None:
-        seq_loss = seq_loss * verl_F.masked_mean(rollout_is_weights.detach(), response_mask, axis=-1)
+        # geometric mean of the token weights, consistent with the geometric-mean ratio (upstream);
+        # the 1e-10 keeps a zero (rejected) weight finite in log space
+        log_w = torch.log(rollout_is_weights.detach().to(log_prob.dtype) + 1e-10)
+        seq_loss = seq_loss * torch.exp(verl_F.masked_sum(log_w, response_mask, axis=-1) / seq_len)
     # spread each sequence loss evenly over its tokens so agg_loss can take the (global) seq mean
     loss_mat = (seq_loss / seq_len).unsqueeze(-1).expand_as(log_prob)
     pg_loss = agg_loss(loss_mat, response_mask, "seq-mean-token-sum")
@@ -974,6 +1084,210 @@ def compute_policy_loss_geo_mean(
     clipfrac_lower = verl_F.masked_mean((clipped & (advantages < 0)).float(), response_mask)
     ppo_kl = verl_F.masked_mean(-log_ratio.detach(), response_mask)
     return pg_loss, _metrics(clipfrac, ppo_kl, clipfrac_lower)
+
+
+def _dppo_setup(old_log_prob, log_prob, config):
+    # the clip ratios are divergence thresholds here (TV or binary KL), not ratio bounds
+    base = float(config_get(config, "clip_ratio", 0.2))
+    low = config_get(config, "clip_ratio_low", None)
+    high = config_get(config, "clip_ratio_high", None)
+    low = base if low is None else float(low)
+    high = base if high is None else float(high)
+    trunc = float(config_get(config, "clip_ratio_c", 20.0))
+    log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
+    ratio = torch.exp(log_ratio)
+    return low, high, trunc, log_ratio, ratio
+
+
+def _dppo_finish(valid, ratio, log_ratio, trunc, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
+    valid = valid.detach().to(log_prob.dtype)
+    weight = torch.clamp(ratio, max=trunc).detach() * valid
+    pg_losses = -_valid_only(weight * advantages, response_mask) * log_prob
+    pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    clipfrac = verl_F.masked_mean(1.0 - valid, response_mask)
+    clipfrac_lower = verl_F.masked_mean((ratio.detach() > trunc).to(valid.dtype) * valid, response_mask)
+    ppo_kl = verl_F.masked_mean(-log_ratio.detach(), response_mask)
+    return pg_loss, _metrics(clipfrac, ppo_kl, clipfrac_lower)
+
+
+@register_policy_loss("dppo_tv")
+def compute_policy_loss_dppo_tv(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """DPPO-Binary-TV: trust region by the change of the token probability instead of the ratio.
+
+    With p = exp(log_prob), p_old = exp(old_log_prob): a token keeps its gradient if
+    `p - p_old <= clip_ratio_high` (A > 0) or `p - p_old >= -clip_ratio_low` (A <= 0); loss per
+    kept token `-A * sg(min(ratio, clip_ratio_c)) * log_prob` (truncated IS, default
+    clip_ratio_c 20 when the config has none). `actor/pg_clipfrac`: tokens outside the region;
+    `actor/pg_clipfrac_lower`: kept tokens whose ratio was truncated. Shapes as vanilla.
+    """
+    low, high, trunc, log_ratio, ratio = _dppo_setup(old_log_prob, log_prob, config)
+    delta = (torch.exp(log_prob) - torch.exp(old_log_prob)).detach()
+    valid = torch.where(advantages > 0, delta <= high, delta >= -low)
+    return _dppo_finish(valid, ratio, log_ratio, trunc, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+
+
+@register_policy_loss("dppo_kl")
+def compute_policy_loss_dppo_kl(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """DPPO-Binary-KL: as `dppo_tv` with the Bernoulli KL of the token probability,
+    `KL_b = p_old log(p_old/p) + (1-p_old) log((1-p_old+1e-8)/(1-p+1e-8))`. A token keeps its
+    gradient if `KL_b <= clip_ratio_high` or p <= p_old (A > 0), `KL_b <= clip_ratio_low` or
+    p >= p_old (A <= 0). Loss and metrics as `dppo_tv`."""
+    low, high, trunc, log_ratio, ratio = _dppo_setup(old_log_prob, log_prob, config)
+    lp = log_prob.detach()
+    p, p_old = torch.exp(lp), torch.exp(old_log_prob)
+    kl_b = p_old * (old_log_prob - lp) + (1.0 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    valid = torch.where(advantages > 0, (kl_b <= high) | (p <= p_old), (kl_b <= low) | (p >= p_old))
+    return _dppo_finish(valid, ratio, log_ratio, trunc, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+
+
+@register_policy_loss("dro")
+def compute_policy_loss_dro(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """DRO (direct reward optimisation): a quadratic proximal penalty instead of a clip.
+
+    Per token `-(A * log_prob - beta/2 * (log_prob - old_log_prob)^2)`, beta =
+    `policy_loss.dro_beta` (default 0.1, must be > 0). The log-ratio of the penalty is not
+    clamped. `actor/pg_clipfrac*` are 0.
+    """
+    beta = float(_loss_knob(config, "dro_beta", 0.1))
+    if not beta > 0:
+        raise ValueError(f"dro: policy_loss.dro_beta={beta} must be > 0")
+    log_ratio = log_prob - old_log_prob
+    pg_losses = -(_valid_only(advantages, response_mask) * log_prob) + 0.5 * beta * torch.where(
+        response_mask.bool(), log_ratio, torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
+    ).square()
+    pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    ppo_kl = verl_F.masked_mean(-log_ratio.detach(), response_mask)
+    return pg_loss, _metrics(0.0, ppo_kl, 0.0)
+
+
+@register_policy_loss("up")
+def compute_policy_loss_up(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """UP (unbounded positive): tokens with A > 0 use the unclipped self-anchored REINFORCE term
+    `-A * exp(log_prob - sg(log_prob))` (value -A, gradient -A grad log_prob); tokens with A <= 0
+    use the vanilla PPO clip with dual clip. `actor/pg_clipfrac` counts clipped tokens among the
+    A <= 0 tokens; `actor/pg_clipfrac_lower` the dual-clip branch."""
+    low, high, clip_c = _clip_params(config)
+    log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
+    ratio = torch.exp(log_ratio)
+    losses1 = -advantages * ratio
+    losses2 = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    clipped = torch.maximum(losses1, losses2)
+    losses3 = -advantages * clip_c
+    neg = torch.where(advantages < 0, torch.minimum(losses3, clipped), clipped)
+    pos = -advantages * torch.exp(log_prob - log_prob.detach())
+    pg_losses = torch.where(advantages > 0, pos, neg)
+    pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    neg_mask = response_mask.bool() & (advantages <= 0)
+    clipfrac = verl_F.masked_mean((losses2 > losses1).float(), neg_mask)
+    clipfrac_lower = verl_F.masked_mean(((clipped > losses3) & (advantages < 0)).float(), response_mask)
+    ppo_kl = verl_F.masked_mean(-log_ratio.detach(), response_mask)
+    return pg_loss, _metrics(clipfrac, ppo_kl, clipfrac_lower)
+
+
+@register_policy_loss("bypass_mode")
+def compute_policy_loss_bypass_mode(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Rollout-correction bypass mode: `old_log_prob` *is* the rollout log-prob (the trainer
+    skipped the learner's recomputation), so there are two policies instead of three.
+
+    Reads `config.policy_loss.rollout_correction` (`loss_type`, `rollout_is`,
+    `rollout_is_threshold`, `rollout_is_batch_normalize`, `rollout_rs`, `rollout_rs_threshold`),
+    computes IS weights and the rejection mask of the *current* policy against the rollout
+    (`rollout_corr_helper.compute_rollout_correction_and_rejection_mask`, no gradient), then:
+    - `loss_type=ppo_clip` (default): vanilla PPO on ratio = pi / pi_rollout over the kept tokens;
+      the IS weights are not applied (the ratio already is the IS correction);
+    - `loss_type=reinforce`: `compute_policy_loss_reinforce` with the IS weights.
+    The passed `rollout_is_weights` are ignored. With `rollout_is_batch_normalize` the weights are
+    normalised over this call (micro-batch), not over all ranks. Metrics: the loss's plus
+    `rollout_corr/*`.
+    """
+    from verl.trainer.ppo import rollout_corr_helper  # lazy: keeps importing core_algos pure torch
+
+    del rollout_is_weights
+    rc = config_get(config_get(config, "policy_loss", None), "rollout_correction", None)
+    if rc is None:
+        raise ValueError(
+            "loss_mode='bypass_mode' needs actor.policy_loss.rollout_correction (set by the trainer with "
+            "algorithm.rollout_correction.bypass_mode=True)"
+        )
+    loss_type = config_get(rc, "loss_type", "ppo_clip")
+    if loss_type not in ("ppo_clip", "reinforce"):
+        raise ValueError(f"Invalid loss_type: {loss_type}. Must be 'reinforce' or 'ppo_clip'.")
+    level = config_get(rc, "rollout_is", None)
+    with torch.no_grad():
+        weights_proto, kept_mask, rc_metrics = rollout_corr_helper.compute_rollout_correction_and_rejection_mask(
+            old_log_prob=log_prob.detach(),
+            rollout_log_prob=old_log_prob,
+            response_mask=response_mask,
+            rollout_is=level,
+            rollout_is_threshold=config_get(rc, "rollout_is_threshold", 2.0),
+            rollout_is_batch_normalize=False,  # normalised below, within this call
+            rollout_rs=config_get(rc, "rollout_rs", None),
+            rollout_rs_threshold=config_get(rc, "rollout_rs_threshold", None),
+            rollout_rs_threshold_lower=config_get(rc, "rollout_rs_threshold_lower", None),
+        )
+    weights = weights_proto.batch["rollout_is_weights"] if weights_proto is not None else None
+    if weights is not None and bool(config_get(rc, "rollout_is_batch_normalize", False)):
+        # over this call's tokens (token level) or sequences (sequence level): micro-batches may
+        # differ in number between ranks, so no collective here
+        if level == "sequence":
+            seq_ok = response_mask.sum(-1) > 0
+            mean = verl_F.masked_mean(weights, response_mask, axis=-1)[seq_ok].mean() if seq_ok.any() else weights.new_ones(())
+        else:
+            mean = verl_F.masked_mean(weights, response_mask)
+        factor = float(mean) if float(mean) > 1e-8 else 1.0
+        weights = weights / factor
+        rc_metrics["rollout_corr/rollout_is_batch_norm_factor"] = factor
+    if loss_type == "reinforce":
+        pg_loss, metrics = compute_policy_loss_reinforce(
+            old_log_prob, log_prob, advantages, kept_mask, loss_agg_mode, config, rollout_is_weights=weights
+        )
+    else:
+        pg_loss, metrics = compute_policy_loss_vanilla(
+            old_log_prob, log_prob, advantages, kept_mask, loss_agg_mode, config, rollout_is_weights=None
+        )
+    metrics = dict(metrics)
+    metrics.update(rc_metrics)
+    return pg_loss, metrics
 
 
 def compute_policy_loss(
@@ -1014,14 +1328,21 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float | None,
     loss_agg_mode: str = "token-mean",
+    dp_size: int = 1,
+    batch_num_tokens: int | torch.Tensor | None = None,
+    global_batch_size: int | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss `max(0.5*(V-R)^2, 0.5*(clip(V, V_old-c, V_old+c)-R)^2)`, aggregated.
 
     Args (all [B, L]): vpreds (current values, requires grad), returns (targets R), values
         (V_old from the rollout), response_mask. cliprange_value: c (None disables clipping).
+        dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: forwarded to `agg_loss`
+        (mini-batch-global denominators); when none is given the active `global_batch_info`
+        context supplies them, as for `agg_loss`.
     Returns:
         vf_loss (0-d tensor) and vf_clipfrac (0-d detached tensor: share of tokens where the
-        clipped term is the larger one). Honours the `global_batch_info` context like `agg_loss`.
+        clipped term is the larger one).
     """
     if cliprange_value is None:
         vpred_clipped = vpreds
@@ -1029,7 +1350,15 @@ def compute_value_loss(
         vpred_clipped = verl_F.clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     losses1 = (vpreds - returns).square()
     losses2 = (vpred_clipped - returns).square()
-    vf_loss = 0.5 * agg_loss(torch.maximum(losses1, losses2), response_mask, loss_agg_mode)
+    vf_loss = 0.5 * agg_loss(
+        torch.maximum(losses1, losses2),
+        response_mask,
+        loss_agg_mode,
+        dp_size=dp_size,
+        batch_num_tokens=batch_num_tokens,
+        global_batch_size=global_batch_size,
+        loss_scale_factor=loss_scale_factor,
+    )
     vf_clipfrac = verl_F.masked_mean((losses2 > losses1).float(), response_mask).detach()
     return vf_loss, vf_clipfrac
 
@@ -1739,6 +2068,233 @@ def compute_gpg_outcome_advantage(
         out = torch.where(count[ids] > 1, alpha * (scores - mean[ids]) / f_norm, torch.zeros_like(scores))
         adv = _broadcast(out, response_mask)
     return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.GDPO)
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool | None = None,
+    config: Any = None,
+    non_tensor_batch: Mapping | None = None,
+    batch: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO (group reward-decoupled normalisation): each reward component is normalised within
+    its group like GRPO, the normalised components are summed with weights, and the sum is
+    whitened over the batch's valid tokens.
+
+    Components: `algorithm.gdpo_reward_keys` names per-response values in `non_tensor_batch`
+    (what the scoring function returned in its dict), weighted by `algorithm.gdpo_reward_weights`
+    (default 1 each). Without `config`/`non_tensor_batch`/`batch` the single component is the
+    outcome reward (then GDPO = GRPO followed by whitening). Groups of one response get 0 in each
+    component (the GRPO rule). Returns (advantages, advantages), [B, L].
+    """
+    components: list[torch.Tensor] = []
+    weights: list[float] | None = None
+    if config is not None and non_tensor_batch is not None and batch is not None:
+        keys = config_get(config, "gdpo_reward_keys", None)
+        if not keys:
+            raise ValueError(
+                "GDPO requires algorithm.gdpo_reward_keys: the reward component keys returned by the scoring "
+                "function (e.g. ['format_reward', 'accuracy_reward'])"
+            )
+        last = (response_mask.to(torch.long).sum(-1) - 1).clamp(min=0)
+        rows = torch.arange(response_mask.shape[0], device=response_mask.device)
+        for key in keys:
+            if key not in non_tensor_batch:
+                raise KeyError(
+                    f"GDPO reward key {key!r} not found in non_tensor_batch; available: {sorted(non_tensor_batch)}. "
+                    "Does the scoring function return a dict containing it?"
+                )
+            values = torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=response_mask.device)
+            placed = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
+            placed[rows, last] = values
+            components.append(placed)
+        raw_weights = config_get(config, "gdpo_reward_weights", None)
+        if raw_weights is not None:
+            weights = [float(w) for w in raw_weights]
+            if len(weights) != len(components):
+                raise ValueError(
+                    f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(components)} gdpo_reward_keys"
+                )
+    if not components:
+        components = [token_level_rewards]
+    if weights is None:
+        weights = [1.0] * len(components)
+    with torch.no_grad():
+        total = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
+        for w, comp in zip(weights, components):
+            adv, _ = compute_grpo_outcome_advantage(
+                comp, response_mask, index, epsilon=epsilon, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config
+            )
+            total = total + w * adv.to(total.dtype)
+        mask = response_mask.bool()
+        adv = torch.where(mask, verl_F.masked_whiten(total, mask), torch.zeros((), dtype=total.dtype, device=total.device))
+    return adv, adv
+
+
+def _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights, who):
+    if old_log_probs is None or sum_pi_squared is None:
+        raise ValueError(
+            f"{who} needs `old_log_probs` and `sum_pi_squared` ([B, L], sum over the vocabulary of pi^2 per "
+            "token) in the batch; the actor must compute sum_pi_squared (actor.calculate_sum_pi_squared=True)"
+        )
+    mask = response_mask.to(token_level_rewards.dtype)
+    returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    # per-token score-norm proxy ||s_t||^2 = 1 - 2 pi_t + sum_v pi_v^2, accumulated along the path
+    w = 1.0 - 2.0 * torch.exp(old_log_probs.to(mask.dtype)) + sum_pi_squared.to(mask.dtype)
+    if rollout_is_weights is not None:
+        w = w * rollout_is_weights.to(mask.dtype).square()
+    w_cum = (w * mask).cumsum(-1)
+    return mask, returns, w_cum
+
+
+def _zero_unique_tail(baselines: torch.Tensor, rows: list[int], lengths: torch.Tensor) -> None:
+    """Where one trajectory of a group is strictly the longest, its baseline beyond the
+    second-longest length is 0 (no other trajectory informs those positions)."""
+    ordered = torch.sort(lengths).values
+    longest, second = int(ordered[-1]), int(ordered[-2])
+    at_max = (lengths == longest).nonzero(as_tuple=True)[0]
+    if at_max.numel() == 1 and longest > second:
+        baselines[rows[int(at_max[0])], second:] = 0.0
+
+
+@register_adv_est(AdvantageEstimator.OPTIMAL_TOKEN_BASELINE)
+def compute_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    old_log_probs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optimal token baseline (OTB): one baseline per position t and group,
+    `B_t = sum_i G_it W_it / (sum_i W_it + eps)`, with G the reward-to-go and
+    `W_it = sum_{j<=t} (1 - 2 pi_ij + sum_pi_squared_ij)` (times the squared rollout IS weight
+    when given) over valid tokens; advantage `G - B` on valid tokens. With `handle_zero_tail`, a
+    group's unique longest trajectory gets baseline 0 beyond the second-longest length. Positions
+    are compared by column (padded index). Groups of one response: 0 (our singleton rule;
+    upstream keeps the raw return). Returns (advantages, returns), [B, L].
+    """
+    with torch.no_grad():
+        mask, returns, w_cum = _otb_inputs(
+            token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights, "optimal_token_baseline"
+        )
+        _group_ids(index, mask.shape[0], mask.device, "optimal_token_baseline")
+        groups: dict = defaultdict(list)
+        for i, uid in enumerate(index):
+            groups[uid].append(i)
+        baselines = torch.zeros_like(returns)
+        keep = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+        for rows in groups.values():
+            if len(rows) < 2:
+                continue
+            idx = torch.tensor(rows, device=mask.device)
+            m, g, w = mask[idx], returns[idx], w_cum[idx]
+            b = (g * w * m).sum(0) / ((w * m).sum(0) + epsilon)
+            baselines[idx] = b.to(baselines.dtype).unsqueeze(0).expand(len(rows), -1)
+            keep[idx] = True
+            if handle_zero_tail:
+                _zero_unique_tail(baselines, rows, m.sum(-1))
+        adv = (returns - baselines) * mask * keep.unsqueeze(-1).to(mask.dtype)
+    return adv, returns
+
+
+@register_adv_est(AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE)
+def compute_multi_turn_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    old_log_probs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OTB for multi-turn / tool-interleaved responses: like `optimal_token_baseline`, but the
+    positions compared across a group are the k-th *valid* token of each trajectory (tool-output
+    gaps in the mask are skipped), not the padded column. Responses without valid tokens are
+    left out of their group. Groups of one response: 0. Returns (advantages, returns), [B, L].
+    """
+    with torch.no_grad():
+        mask, returns, w_cum = _otb_inputs(
+            token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights, "tir_optimal_token_baseline"
+        )
+        _group_ids(index, mask.shape[0], mask.device, "tir_optimal_token_baseline")
+        valid = response_mask.bool()
+        lengths = valid.sum(-1)
+        width = int(lengths.max()) if lengths.numel() else 0
+        packed_w = torch.zeros((mask.shape[0], width), dtype=mask.dtype, device=mask.device)
+        packed_g = torch.zeros_like(packed_w)
+        for i in range(mask.shape[0]):
+            n = int(lengths[i])
+            packed_w[i, :n] = w_cum[i, valid[i]]
+            packed_g[i, :n] = returns[i, valid[i]]
+        packed_m = (torch.arange(width, device=mask.device).unsqueeze(0) < lengths.unsqueeze(-1)).to(mask.dtype)
+        groups: dict = defaultdict(list)
+        for i, uid in enumerate(index):
+            if int(lengths[i]) > 0:
+                groups[uid].append(i)
+        baselines = torch.zeros_like(packed_w)
+        keep = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+        for rows in groups.values():
+            if len(rows) < 2:
+                continue
+            idx = torch.tensor(rows, device=mask.device)
+            m, g, w = packed_m[idx], packed_g[idx], packed_w[idx]
+            b = (g * w * m).sum(0) / ((w * m).sum(0) + epsilon)
+            baselines[idx] = b.to(baselines.dtype).unsqueeze(0).expand(len(rows), -1)
+            keep[idx] = True
+            if handle_zero_tail:
+                _zero_unique_tail(baselines, rows, lengths[idx])
+        packed_adv = (packed_g - baselines) * packed_m
+        adv = torch.zeros_like(returns)
+        for i in range(mask.shape[0]):
+            n = int(lengths[i])
+            if n > 0 and bool(keep[i]):
+                adv[i, valid[i]] = packed_adv[i, :n]
+    return adv, returns
+
+
+def compute_pf_ppo_reweight_data(data: Any, reweight_method: str = "pow", weight_pow: float = 2.0) -> Any:
+    """PF-PPO: resample the batch (with replacement, same size) with weights from the outcome
+    score `s = token_level_scores.sum(-1)`:
+
+    - `pow`: `|s| ** weight_pow`
+    - `max_min`: 1 for responses with the batch's max or min score, else 0
+    - `max_random`: 0.4 for the max score, else 0.1
+
+    (weights + 1e-8, so no row has probability 0 when all weights vanish). `data` is a DataProto
+    (duck-typed: `batch`, `non_tensor_batch`, `meta_info`, `select_idxs`); meta_info lists with
+    one entry per row are resampled too. Uses torch's global generator. Returns a new DataProto.
+    """
+    scores = data.batch["token_level_scores"].sum(dim=-1)
+    if reweight_method == "pow":
+        weights = torch.abs(scores).pow(weight_pow)
+    elif reweight_method == "max_min":
+        weights = ((scores == scores.max()) | (scores == scores.min())).to(scores.dtype)
+    elif reweight_method == "max_random":
+        weights = torch.where(scores == scores.max(), 0.4, 0.1).to(scores.dtype)
+    else:
+        raise ValueError(
+            f"Unsupported reweight_method: {reweight_method}; expected one of ['pow', 'max_min', 'max_random'] "
+            "(algorithm.pf_ppo.reweight_method)"
+        )
+    weights = torch.clamp(weights.float() + 1e-8, min=1e-8)
+    n = scores.shape[0]
+    idx = torch.multinomial(weights, n, replacement=True).cpu().numpy()
+    out = data.select_idxs(idx)
+    out.meta_info = {
+        k: ([v[i] for i in idx] if isinstance(v, list) and len(v) == n else v) for k, v in dict(data.meta_info).items()
+    }
+    return out
 
 
 @register_adv_est(AdvantageEstimator.NORM)

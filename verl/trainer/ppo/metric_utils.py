@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+import verl.utils.torch_functional as verl_F
+
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
     """mean/max/min of a flat tensor; an empty tensor gives nan (visible, not a fake 0)."""
     x = x.detach().float().flatten()
@@ -24,6 +26,20 @@ def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
         nan = float("nan")
         return {f"{prefix}/mean": nan, f"{prefix}/max": nan, f"{prefix}/min": nan}
     return {f"{prefix}/mean": x.mean().item(), f"{prefix}/max": x.max().item(), f"{prefix}/min": x.min().item()}
+
+
+def compute_vf_explained_var(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """`critic/vf_explained_var`, upstream's definition: `1 - Var(R - V) / (Var(R) + 1e-5)` over
+    the valid tokens (`mask` [B, R]), with unbiased variances, of the batch's `values` (the
+    critic's predictions before its update) and `returns`. nan with fewer than 2 valid tokens.
+
+    The only producer of that metric (the critic worker does not report it)."""
+    sel = mask.bool()
+    r = returns[sel].double()
+    v = values[sel].double()
+    if r.numel() < 2:
+        return float("nan")
+    return float(1.0 - (r - v).var() / (r.var() + 1e-5))
 
 
 def compute_data_metrics(batch, use_critic: bool = True, max_response_length: int | None = None,
@@ -52,15 +68,65 @@ def compute_data_metrics(batch, use_critic: bool = True, max_response_length: in
     if use_critic and "values" in b.keys():
         values = b["values"][mask]
         metrics.update(_stats("critic/values", values))
-        returns = b["returns"][mask]
-        var_r = returns.var(unbiased=False) if returns.numel() else torch.tensor(float("nan"))
-        var_diff = (returns - values).var(unbiased=False) if returns.numel() else torch.tensor(float("nan"))
-        metrics["critic/vf_explained_var"] = (1.0 - var_diff / (var_r + 1e-5)).item()
+        metrics["critic/vf_explained_var"] = compute_vf_explained_var(b["values"], b["returns"], mask)
     metrics.update(_stats("response_length", resp_len))
     metrics["response_length/clip_ratio"] = (resp_len >= max_resp).float().mean().item()
+    # responses with no valid token (aborted generations) skew the length statistics
+    aborted = resp_len == 0
+    metrics.update(_stats("response_length_non_aborted", resp_len[~aborted]))
+    kept = resp_len[~aborted]
+    metrics["response_length_non_aborted/clip_ratio"] = (kept >= max_resp).float().mean().item() if kept.numel() else float("nan")
+    metrics["response/aborted_ratio"] = aborted.float().mean().item()
     metrics.update(_stats("prompt_length", prompt_len))
     metrics["prompt_length/clip_ratio"] = (prompt_len >= max_prompt).float().mean().item()
+    for key, name in (("__num_turns__", "num_turns"), ("tool_call_counts", "tool_call_counts")):
+        if key in batch.non_tensor_batch:
+            values = np.asarray(batch.non_tensor_batch[key], dtype=np.float64)
+            metrics[f"{name}/min"], metrics[f"{name}/max"], metrics[f"{name}/mean"] = (
+                float(values.min()), float(values.max()), float(values.mean()))
     return metrics
+
+
+def compute_variance_proxy_metrics(batch, gradient_norm: float | None = None) -> dict[str, float]:
+    """Gradient-variance proxies `variance_proxy/*` from the score-norm proxy (upstream's names).
+
+    Needs `sum_pi_squared`, `old_log_probs`, `advantages`, `response_mask` [B, R] in the batch
+    ({} otherwise). Per token `w = 1 - 2 pi + sum_pi_squared` (times `rollout_is_weights^2` when
+    the batch has them), per response `W = sum_t w` and `A = mean_t advantages`:
+    - `proxy2_total_power`: `mean(A^2 max(W, 0))`; with IS weights `mean(rho^2 A^2 max(W0, 0))`,
+      rho the response's mean IS weight and W0 the unweighted W;
+    - `proxy1_signal_strength`: `gradient_norm^2` (0 when not given);
+    - `proxy3_pure_noise`: `max(0, (proxy2 - proxy1) / (B - 1))` (0 without a gradient norm or B < 2);
+    - `expected_a_squared` = mean(A^2), `expected_w` = mean(W).
+    """
+    b = batch.batch
+    if not all(k in b.keys() for k in ("sum_pi_squared", "old_log_probs", "advantages", "response_mask")):
+        return {}
+    mask = b["response_mask"]
+    w = 1.0 - 2.0 * torch.exp(b["old_log_probs"]) + b["sum_pi_squared"]
+    is_w = b["rollout_is_weights"].detach() if "rollout_is_weights" in b.keys() else None
+    if is_w is not None:
+        w = w * is_w.square()
+    adv = verl_F.masked_mean(b["advantages"], mask, axis=-1)
+    w_sum = verl_F.masked_sum(w, mask, axis=-1)
+    if is_w is not None:
+        rho = verl_F.masked_mean(is_w, mask, axis=-1)
+        w_orig = verl_F.masked_sum(w / torch.clamp(is_w.square(), min=1e-10), mask, axis=-1).clamp(min=0.0)
+        proxy2 = (rho.square() * adv.square() * w_orig).mean()
+    else:
+        proxy2 = (adv.square() * w_sum.clamp(min=0.0)).mean()
+    proxy1 = None if gradient_norm is None else float(gradient_norm) ** 2
+    proxy3 = 0.0
+    n = adv.shape[0]
+    if proxy1 is not None and n > 1:
+        proxy3 = max(0.0, (float(proxy2) - proxy1) / (n - 1))
+    return {
+        "variance_proxy/proxy1_signal_strength": proxy1 if proxy1 is not None else 0.0,
+        "variance_proxy/proxy2_total_power": float(proxy2),
+        "variance_proxy/proxy3_pure_noise": proxy3,
+        "variance_proxy/expected_a_squared": float(adv.square().mean()),
+        "variance_proxy/expected_w": float(w_sum.mean()),
+    }
 
 
 def compute_timing_metrics(batch, timing_raw: dict[str, float]) -> dict[str, float]:

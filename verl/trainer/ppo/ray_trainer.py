@@ -59,11 +59,14 @@ from verl.trainer.ppo.metric_utils import (
     peak_flops_per_worker,
     compute_throughout_metrics,
     compute_timing_metrics,
+    compute_variance_proxy_metrics,
     process_validation_metrics,
     reduce_metrics,
 )
 from verl.trainer.ppo.reward import compute_reward
+from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
 from verl.trainer.ppo.utils import Role, ValidatedConfig, validate_config
+from verl.utils.py_functional import config_get
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import to_jsonable
 from verl.workers.reward_manager.registry import load_object
@@ -148,34 +151,67 @@ def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[
     return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
 
+def _accepted_kwargs(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` restricted to the parameters `fn` declares, unless it takes `**kwargs`: an
+    estimator written for upstream (fixed parameter list) must not fail on our extra inputs."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return kwargs
+    names = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
 def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, lam: Any = 1.0, num_repeat: int = 1,
                       norm_adv_by_std_in_grpo: bool = True, config: Any = None) -> DataProto:
     """`advantages`, `returns` [B, R] from the estimator registered as `adv_estimator`.
 
-    The estimator gets every input it may need by keyword (`token_level_rewards`,
-    `response_mask`, `index` = uid array, `values`, `reward_baselines`, `token_level_scores`,
-    `turn_ids`, `step_end_mask` (process supervision: set by a reward manager that places step
-    rewards), `gamma`, `lam`, `norm_adv_by_std_in_grpo`, `config`) and ignores the rest.
+    Precedence of the explicit arguments, as upstream: `gamma`/`lam` are used by `gae` and
+    `norm_adv_by_std_in_grpo` by `grpo`; every other estimator reads these values from `config`
+    (`algorithm`), so the defaults of this function never override the config (with
+    `config=None` the explicit values are passed on instead).
+
+    The estimator gets by keyword what it may need (`token_level_rewards`, `response_mask`,
+    `index` = uid array, `config`, and when in the batch `values`, `reward_baselines`,
+    `token_level_scores`, `turn_ids`, `step_end_mask`, `old_log_probs`, `sum_pi_squared`,
+    `rollout_is_weights`; `non_tensor_batch` and `batch` for `gdpo`); an estimator without
+    `**kwargs` gets only the parameters it declares. With `algorithm.use_pf_ppo` (gae only, as
+    upstream) the batch is then resampled by `core_algos.compute_pf_ppo_reweight_data`.
     (`num_repeat` is accepted for upstream compatibility: groups come from `uid`.)
     """
     if "response_mask" not in data.batch.keys():
         data.batch["response_mask"] = compute_response_mask(data)
-    fn = core_algos.get_adv_estimator_fn(adv_estimator)
+    name = adv_estimator.value if isinstance(adv_estimator, core_algos.AdvantageEstimator) else adv_estimator
+    fn = core_algos.get_adv_estimator_fn(name)
     kwargs: dict[str, Any] = dict(
         token_level_rewards=data.batch["token_level_rewards"],
         response_mask=data.batch["response_mask"],
-        index=data.non_tensor_batch["uid"],
-        gamma=gamma,
-        lam=lam,
-        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        index=data.non_tensor_batch.get("uid"),
         config=config,
     )
-    for key in ("values", "reward_baselines", "token_level_scores", "turn_ids", "step_end_mask"):
+    if name == "gae" or config is None:
+        kwargs.update(gamma=gamma, lam=lam)
+    if name == "grpo" or config is None:
+        kwargs["norm_adv_by_std_in_grpo"] = norm_adv_by_std_in_grpo
+    for key in ("values", "reward_baselines", "token_level_scores", "turn_ids", "step_end_mask",
+                "old_log_probs", "sum_pi_squared", "rollout_is_weights"):
         if key in data.batch.keys():
             kwargs[key] = data.batch[key]
-    advantages, returns = fn(**kwargs)
+    if name == "gdpo":
+        kwargs["non_tensor_batch"] = data.non_tensor_batch
+        kwargs["batch"] = data.batch
+    advantages, returns = fn(**_accepted_kwargs(fn, kwargs))
     data.batch["advantages"] = advantages.detach()
     data.batch["returns"] = returns.detach()
+    if name == "gae" and config is not None and config_get(config, "use_pf_ppo", False):
+        pf = config_get(config, "pf_ppo", None)
+        data = core_algos.compute_pf_ppo_reweight_data(
+            data, config_get(pf, "reweight_method", "pow"), config_get(pf, "weight_pow", 2.0)
+        )
     return data
 
 
@@ -677,12 +713,24 @@ class RayPPOTrainer:
         rejection sampling do)."""
         cfg = self.cfg
         one_mini = cfg.actor.ppo_mini_batch_size >= cfg.data.train_batch_size and cfg.actor.ppo_epochs == 1
-        # rejection sampling needs the learner's log-probs before the loss denominators are known;
-        # IS weights do not (the worker computes them from the detached current log-probs)
-        needs_old = cfg.algorithm.use_kl_in_reward or cfg.algorithm.rollout_correction.rollout_rs is not None
-        return one_mini and not needs_old
+        # rejection sampling and batch-normalised IS weights need the learner's log-probs of the
+        # whole batch before the loss; plain IS weights do not (the worker computes them from the
+        # detached current log-probs)
+        rc = cfg.algorithm.rollout_correction
+        needs_old = (cfg.algorithm.use_kl_in_reward or rc.rollout_rs is not None
+                     or bool(config_get(rc, "rollout_is_batch_normalize", False)))
+        return one_mini and not needs_old and not self.bypass_mode()
+
+    def bypass_mode(self) -> bool:
+        """`algorithm.rollout_correction.bypass_mode`: the rollout's log-probs are the old ones."""
+        return bool(config_get(self.cfg.algorithm.rollout_correction, "bypass_mode", False))
 
     def compute_old_log_prob(self, batch: DataProto, timing_raw: dict, metrics: dict) -> DataProto:
+        if self.bypass_mode():
+            # upstream's bypass mode: no learner recomputation (two policies instead of three); the
+            # actor's bypass_mode loss corrects against the current policy
+            apply_bypass_mode(batch, self.cfg.algorithm.rollout_correction)
+            return batch
         if self.can_skip_old_log_prob():
             batch.meta_info["use_current_as_old_log_prob"] = True
             return batch
@@ -723,7 +771,7 @@ class RayPPOTrainer:
 
     def update_actor(self, batch: DataProto, timing_raw: dict, metrics: dict) -> None:
         rc = self.cfg.algorithm.rollout_correction
-        if rc.rollout_is is not None or rc.rollout_rs is not None:
+        if rc.rollout_is is not None or rc.rollout_rs is not None or self.bypass_mode():
             batch.meta_info["rollout_correction"] = rc.to_dict()
         with _timer("update_actor", timing_raw):
             out = self.actor_rollout_wg.update_actor(batch)
@@ -819,6 +867,8 @@ class RayPPOTrainer:
                                                 max_response_length=self.cfg.data.max_response_length,
                                                 max_prompt_length=self.cfg.data.max_prompt_length))
             metrics.update(compute_timing_metrics(batch, timing_raw))
+            # only when the batch carries sum_pi_squared (otherwise {})
+            metrics.update(compute_variance_proxy_metrics(batch, metrics.get("actor/grad_norm")))
             n_workers = self.resource_pool_manager.get_n_gpus()
             metrics.update(compute_throughout_metrics(batch, timing_raw, n_gpus=n_workers))
             metrics.update(compute_mfu_metrics(batch, timing_raw, self._n_params, self._peak_flops, n_workers,

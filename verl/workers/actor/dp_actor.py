@@ -305,9 +305,12 @@ class DataParallelPPOActor(BasePPOActor):
         non_tensor_batch: `uid` (needed by `prompt-mean`).
         meta_info: `temperature`; `use_current_as_old_log_prob` (valid only with one
         mini-batch and one epoch: the detached current log-prob is the old one, ratio exactly 1);
-        `rollout_correction` (the `algorithm.rollout_correction` config: rollout IS weights /
-        rejection are computed here from `old_log_probs` and `rollout_log_probs`, unless the batch
-        already holds `rollout_is_weights`).
+        `rollout_correction` (the `algorithm.rollout_correction` config): unless the batch already
+        holds `rollout_is_weights`, IS weights and the rejection mask are computed here once for
+        this rank's batch from `old_log_probs` and `rollout_log_probs`
+        (`rollout_corr_helper.compute_rollout_correction`), before any loss denominator, and their
+        `rollout_corr/*` metrics are reported once; with `bypass_mode` the `old_log_probs` are the
+        rollout's and the `bypass_mode` loss handles IS / rejection against the current policy.
 
         Returns:
             metrics: name -> list with one value per optimizer step (reduced over ranks).
@@ -352,11 +355,20 @@ class DataParallelPPOActor(BasePPOActor):
         has_rollout_lp = "rollout_log_probs" in batch.keys()
         if rc_config is not None and not has_weights and not has_rollout_lp:
             raise KeyError("meta_info['rollout_correction'] is set but the batch has no 'rollout_log_probs' (rollout.calculate_log_probs=True)")
-        rs_mode = (rc_config.get("rollout_rs") if hasattr(rc_config, "get") else getattr(rc_config, "rollout_rs", None)) if rc_config is not None else None
-        if use_current and rc_config is not None and not has_weights and rs_mode is not None:
+        rs_mode = core_algos.config_get(rc_config, "rollout_rs")
+        bypass = bool(core_algos.config_get(rc_config, "bypass_mode", False))
+        if bypass and use_current:
+            raise ValueError("algorithm.rollout_correction.bypass_mode=True uses the rollout log-probs as old_log_probs; "
+                             "it cannot be combined with meta_info['use_current_as_old_log_prob']")
+        if bypass and not has_rollout_lp:
+            raise KeyError("algorithm.rollout_correction.bypass_mode=True needs 'rollout_log_probs' in the batch (rollout.calculate_log_probs=True)")
+        batch_norm = bool(core_algos.config_get(rc_config, "rollout_is_batch_normalize", False))
+        if use_current and rc_config is not None and not has_weights and not bypass and (rs_mode is not None or batch_norm):
+            key = f"rollout_rs={rs_mode!r}" if rs_mode is not None else "rollout_is_batch_normalize=True"
             raise ValueError(
-                f"algorithm.rollout_correction.rollout_rs={rs_mode!r} rejects tokens by the learner's old log-probs, which "
-                "must be known before the loss denominators: compute old_log_probs (do not use use_current_as_old_log_prob)"
+                f"algorithm.rollout_correction.{key} needs the learner's old log-probs of the whole batch before the "
+                "update (rejection changes the loss denominators; normalisation needs the batch mean): compute "
+                "old_log_probs (do not use use_current_as_old_log_prob)"
             )
 
         n = batch.batch_size[0]
@@ -373,7 +385,23 @@ class DataParallelPPOActor(BasePPOActor):
                 f"mini-batches (rows {n} / mini-batch {mini}) and actor.ppo_epochs={cfg.ppo_epochs}"
             )
 
-        policy_loss_fn = core_algos.get_policy_loss_fn(core_algos.config_get(cfg.policy_loss, "loss_mode", "vanilla"))
+        loss_config: Any = cfg
+        if bypass:
+            # bypass mode (upstream): old_log_probs are the rollout's; the bypass_mode loss computes IS
+            # weights / rejection of the current policy against them and reads its settings from
+            # policy_loss.rollout_correction
+            policy_loss_fn = core_algos.get_policy_loss_fn("bypass_mode")
+            loss_config = _Overlay(cfg, policy_loss=_Overlay(cfg.policy_loss, rollout_correction=rc_config, loss_mode="bypass_mode"))
+        else:
+            policy_loss_fn = core_algos.get_policy_loss_fn(core_algos.config_get(cfg.policy_loss, "loss_mode", "vanilla"))
+        rc_metrics: dict[str, float] = {}
+        if rc_config is not None and not has_weights and not use_current and not bypass:
+            # depends only on the data: once for this rank's batch, before any loss denominator
+            weights, new_mask, rc_metrics = _rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc_config)
+            batch["response_mask"] = new_mask.to(batch["response_mask"].dtype)
+            if weights is not None:
+                batch["rollout_is_weights"] = weights
+        rc_tokens = float(batch["response_mask"].sum())
         calc_entropy = cfg.entropy_coeff != 0
         meter = StepMeter()
         self.actor_module.train()
@@ -392,12 +420,10 @@ class DataParallelPPOActor(BasePPOActor):
                 mb = batch[rows]
                 mb_uid = uid[rows.numpy()] if uid is not None else None
                 meter.new_step()
-                rc_metrics: dict[str, float] = {}
-                if rc_config is not None and not has_weights and not use_current:
-                    weights, new_mask, rc_metrics = _rollout_correction(mb["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"], rc_config)
-                    mb["response_mask"] = new_mask.to(mb["response_mask"].dtype)
-                    if weights is not None:
-                        mb["rollout_is_weights"] = weights
+                if rc_metrics and len(meter.steps) == 1:
+                    # reported once per call (one value per rank, token-weighted over ranks)
+                    for name, value in rc_metrics.items():
+                        meter.add_weighted(name, value, rc_tokens)
                 stats = self._loss_stats(mb["response_mask"], mb_uid if prompt_mean else None)
                 groups = self._plan(mb, micro_batch_size, use_dynamic_bsz, max_token_len)
                 self.actor_optimizer.zero_grad(set_to_none=True)
@@ -423,7 +449,7 @@ class DataParallelPPOActor(BasePPOActor):
                         rollout_lp = micro["rollout_log_probs"].to(self._device)
                         # compute_log_prob did not run: report the mismatch under its names
                         micro_rc = _mismatch_metrics(old_log_prob, rollout_lp, mask)
-                        if rc_config is not None and weights is None:
+                        if rc_config is not None and weights is None and not bypass:
                             weights, _, rc_only = _rollout_correction(old_log_prob, rollout_lp, mask, rc_config)
                             micro_rc.update(rc_only)
                         for name, value in micro_rc.items():
@@ -444,7 +470,7 @@ class DataParallelPPOActor(BasePPOActor):
                                 advantages=advantages,
                                 response_mask=mask,
                                 loss_agg_mode=cfg.loss_agg_mode,
-                                config=cfg,
+                                config=loss_config,
                                 rollout_is_weights=weights,
                             )
                         )
@@ -472,9 +498,6 @@ class DataParallelPPOActor(BasePPOActor):
                         meter.add_sum("actor/kl_loss", kl_term.item() / self.dp_size)
                     for name, value in pg_metrics.items():
                         meter.add_weighted(name, value, n_tok)
-                local_tokens = float(mb["response_mask"].sum())
-                for name, value in rc_metrics.items():
-                    meter.add_weighted(name, value, local_tokens)
 
                 if contributed == 0:
                     skipped_steps += 1
@@ -494,6 +517,24 @@ class DataParallelPPOActor(BasePPOActor):
         self.last_old_log_probs = last_old
         self.last_entropys = last_ent if calc_entropy else None
         return metrics
+
+
+class _Overlay:
+    """`base` with some attributes replaced, read through attributes or `.get` like a config."""
+
+    def __init__(self, base: Any, **overrides: Any):
+        self.__dict__["_base"] = base
+        self.__dict__["_overrides"] = overrides
+
+    def __getattr__(self, name: str) -> Any:
+        overrides = self.__dict__["_overrides"]
+        if name in overrides:
+            return overrides[name]
+        return getattr(self.__dict__["_base"], name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self, key, default)
+        return default if value is None else value
 
 
 def _rollout_correction(old_log_prob, rollout_log_prob, response_mask, rc_config):

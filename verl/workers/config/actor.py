@@ -15,7 +15,7 @@ from verl.base_config import BaseConfig, check_choice, check_range
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import OptimizerConfig
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+", "full")
 
 
@@ -148,9 +148,10 @@ class ActorConfig(BaseConfig):
         """The mini-batch-global denominators of the micro-batch being computed (set by the actor
         through `core_algos.global_batch_info`); lets upstream-style user losses call
         `agg_loss(..., **config.global_batch_info)`."""
-        from verl.trainer.ppo.core_algos import get_global_batch_info
+        from verl.trainer.ppo.core_algos import global_batch_info_view
 
-        return dict(get_global_batch_info() or {})
+        # live and writable: upstream-style `config.global_batch_info[k] = v` takes effect
+        return global_batch_info_view()
 
 
 # Upstream name of the FSDP flavour of the actor config.

@@ -17,10 +17,9 @@ import logging
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from verl.trainer.ppo import core_algos
-from verl.utils.fsdp_utils import all_ranks_finite, autocast_context, collective_device, dp_world_size
+from verl.utils.fsdp_utils import all_ranks_finite, autocast_context, dp_world_size
 from verl.utils.seqlen_balancing import plan_micro_batches_for_mask, response_outputs
 from verl.workers.actor.dp_actor import StepMeter, clip_and_step, global_loss_stats, mini_batch_order
 from verl.workers.critic.base import BasePPOCritic
@@ -114,8 +113,7 @@ class DataParallelPPOCritic(BasePPOCritic):
 
         Batch keys: model inputs, `response_mask`, `values` (V_old from compute_values), `returns`.
         Returns metrics (one value per optimizer step): `critic/vf_loss`, `critic/vf_clipfrac`,
-        `critic/vpred_mean`, `critic/vf_explained_var` (of the predictions before each step),
-        `critic/grad_norm`, `critic/lr`; `critic/nonfinite_loss_skipped` (micro-batches) and
+        `critic/vpred_mean`, `critic/grad_norm`, `critic/lr`; `critic/nonfinite_loss_skipped` (micro-batches) and
         `critic/nonfinite_grad_skipped_steps` (one value each for the whole call).
         """
         cfg = self.config
@@ -154,7 +152,6 @@ class DataParallelPPOCritic(BasePPOCritic):
                 meter.new_step()
                 stats = global_loss_stats(mb["response_mask"], mb_uid, self.process_group)
                 self.critic_optimizer.zero_grad(set_to_none=True)
-                ev_sums = torch.zeros(5, dtype=torch.float64)  # n, sum r, sum r^2, sum d, sum d^2
                 contributed = 0
                 for group in self._plan(mb, micro_batch_size, use_dynamic_bsz, max_token_len):
                     micro = mb[torch.tensor(group, dtype=torch.long)]
@@ -177,13 +174,9 @@ class DataParallelPPOCritic(BasePPOCritic):
                     n_tok = float(mask.sum())
                     meter.add_sum("critic/vf_loss", vf_loss.item() / self.dp_size)
                     meter.add_weighted("critic/vf_clipfrac", float(vf_clipfrac), n_tok)
-                    sel = mask.bool()
-                    v = vpreds.detach()[sel].double().cpu()
-                    r = returns[sel].double().cpu()
+                    # critic/vf_explained_var has one producer: the driver's compute_data_metrics
+                    v = vpreds.detach()[mask.bool()].double().cpu()
                     meter.add_weighted("critic/vpred_mean", float(v.mean()) if v.numel() else 0.0, n_tok)
-                    d = r - v
-                    ev_sums += torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum(), (r * r).sum(), d.sum(), (d * d).sum()])
-                meter.set("critic/vf_explained_var", self._explained_variance(ev_sums))
                 if contributed == 0:
                     skipped_steps += 1
                     meter.set("critic/grad_norm", float("nan"))
@@ -195,16 +188,3 @@ class DataParallelPPOCritic(BasePPOCritic):
         metrics["critic/nonfinite_loss_skipped"] = [float(skipped_micro)]
         metrics["critic/nonfinite_grad_skipped_steps"] = [float(skipped_steps)]
         return metrics
-
-    def _explained_variance(self, sums: torch.Tensor) -> float:
-        """1 - Var(returns - values) / Var(returns) over the valid tokens of all ranks."""
-        if self.dp_size > 1:
-            t = sums.to(collective_device(self.process_group))
-            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
-            sums = t.cpu()
-        n, sr, srr, sd, sdd = (float(x) for x in sums)
-        if n < 2:
-            return float("nan")
-        var_r = srr / n - (sr / n) ** 2
-        var_d = sdd / n - (sd / n) ** 2
-        return 1.0 - var_d / var_r if var_r > 1e-12 else float("nan")

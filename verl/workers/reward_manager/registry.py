@@ -40,8 +40,8 @@ def get_reward_manager_cls(name: str) -> type:
     if ":" in name:
         return load_object(name, what="reward_model.reward_manager")
     raise ValueError(
-        f"reward_model.reward_manager={name!r} is not a registered reward manager; registered: "
-        f"{sorted(REWARD_MANAGER_REGISTRY)} (or give 'path/to/file.py:ClassName')"
+        f"Unknown reward manager: {name}. reward_model.reward_manager={name!r} is not a registered reward manager; "
+        f"registered: {sorted(REWARD_MANAGER_REGISTRY)} (or give 'path/to/file.py:ClassName')"
     )
 
 
