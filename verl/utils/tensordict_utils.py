@@ -228,6 +228,14 @@ def chunk_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
     return [td[int(bounds[i]) : int(bounds[i + 1])] for i in range(chunks)]
 
 
+def _chunk_bounds(n: int, chunks: int) -> np.ndarray:
+    """Cut points of `TensorDict.chunk` / `torch.chunk`: pieces of ``ceil(n / chunks)`` rows,
+    the last shorter; padded with empty pieces up to `chunks` (torch returns fewer pieces)."""
+    size = -(-n // chunks) if n else 0
+    cuts = [min(i * size, n) for i in range(chunks + 1)]
+    return np.asarray(cuts, dtype=np.int64)
+
+
 def _even_bounds(n: int, chunks: int) -> np.ndarray:
     """Cut points 0 = b0 <= ... <= b_chunks = n; the first n % chunks pieces get one extra row."""
     base, extra = divmod(n, chunks)
