@@ -98,12 +98,24 @@ def compute_throughout_metrics(batch, timing_raw: dict[str, float], n_gpus: int)
 compute_throughput_metrics = compute_throughout_metrics
 
 
+def _flat_numbers(value: Any) -> list:
+    if isinstance(value, (list, tuple)):
+        return [x for item in value for x in _flat_numbers(item)]
+    if isinstance(value, np.ndarray):
+        return _flat_numbers(value.tolist()) if value.dtype == object else value.reshape(-1).tolist()
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().reshape(-1).tolist()
+    return [value]
+
+
 def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     """Mean of each list-valued metric (workers return one value per micro-batch or rank)."""
     out = {}
     for k, v in metrics.items():
         if isinstance(v, (list, tuple, np.ndarray)):
-            arr = np.asarray(v, dtype=np.float64)
+            # DataProto.concat keeps one entry per worker (as upstream), and a worker's entry may
+            # itself be a list (one value per micro-batch, counts may differ): average all numbers
+            arr = np.asarray(_flat_numbers(v), dtype=np.float64)
             out[k] = float(arr.mean()) if arr.size else float("nan")
         elif isinstance(v, torch.Tensor):
             out[k] = float(v.float().mean().item())
