@@ -626,3 +626,16 @@ def test_print_summary(capsys):
     out = capsys.readouterr().out
     assert out.startswith("--- start of rollout ---") and out.rstrip().endswith("--- end of rollout ---")
     assert "meta_info: temperature: 0.5" in out and "len=3" in out and "ids" in out and "uid" in out
+
+
+def test_conflicts_are_value_and_assertion_errors_as_upstream_asserts():
+    a, b = make(2, meta={"temperature": 1.0}), make(2, meta={"temperature": 0.5})
+    for call in (lambda: DataProto.concat([a, b]), lambda: make(2).union(b), lambda: make(2).union(make(3))):
+        with pytest.raises(AssertionError):
+            call()
+        with pytest.raises(ValueError):
+            call()
+    other = make(2)
+    other.non_tensor_batch["uid"] = np.array(["x", "y"], dtype=object)
+    with pytest.raises(AssertionError, match="'uid'"):
+        make(2).union(other)

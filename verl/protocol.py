@@ -202,7 +202,7 @@ def _merge_meta_info(metas: Sequence[dict]) -> dict:
             elif key not in merged:
                 merged[key], origin[key] = value, part
             elif not _values_equal(merged[key], value):
-                raise ValueError(
+                raise tu.TensorDictMismatchError(
                     f"cannot concat DataProtos: meta_info[{key!r}] is {_short(merged[key])} in part {origin[key]} "
                     f"but {_short(value)} in part {part}; make the workers agree (e.g. reduce it) or pop it before concat"
                 )
@@ -236,7 +236,7 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
     for key, val in tensor_dict2.items():
         if key in tensor_dict1:
             if not isinstance(val, np.ndarray) or not _values_equal(tensor_dict1[key], val):
-                raise ValueError(f"non-tensor key {key!r} is in both dicts with different values; union refuses to overwrite it")
+                raise tu.TensorDictMismatchError(f"non-tensor key {key!r} is in both dicts with different values; union refuses to overwrite it")
         else:
             tensor_dict1[key] = val
     return tensor_dict1
@@ -245,7 +245,7 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
 def _union_meta(meta1: dict, meta2: dict) -> dict:
     for key, val in meta2.items():
         if key in meta1 and not _values_equal(meta1[key], val):
-            raise ValueError(f"meta_info key {key!r} differs between the two DataProtos ({_short(meta1[key])} vs {_short(val)})")
+            raise tu.TensorDictMismatchError(f"meta_info key {key!r} differs between the two DataProtos ({_short(meta1[key])} vs {_short(val)})")
         meta1[key] = val
     return meta1
 
@@ -670,7 +670,7 @@ class DataProto:
         """Add `other`'s keys to self in place (equal row counts; a shared key must hold equal
         values, else ValueError naming it) and return self."""
         if len(self) != len(other) and (self.batch is not None or self.non_tensor_batch) and (other.batch is not None or other.non_tensor_batch):
-            raise ValueError(f"cannot union DataProtos of {len(self)} and {len(other)} rows")
+            raise tu.TensorDictMismatchError(f"cannot union DataProtos of {len(self)} and {len(other)} rows")
         if self.batch is None:
             self.batch = other.batch
         elif other.batch is not None:
