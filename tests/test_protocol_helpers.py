@@ -318,3 +318,23 @@ def test_tensordict_make_iterator_nested_and_seeded_order():
     assert got == [b.tolist() for _ in range(2) for b in loader]
     mb = next(tu.make_iterator(ds, 2, 1))
     assert [r.tolist() for r in mb["input_ids"].unbind()] == [[0], [0, 1]] and mb["src"] == ["a", "b"] and mb["kw"] == {"top_p": 1.0}
+
+
+def test_chunk_and_concat_with_3d_nested_tensors_and_per_row_objects():
+    from tensordict.tensorclass import NonTensorData
+
+    lengths = (4, 5, 6, 7)
+    pos = torch.nested.as_nested_tensor([torch.arange(k).expand(4, k) for k in lengths], layout=torch.jagged)
+    ids = torch.nested.as_nested_tensor([torch.arange(k) + 10 * i for i, k in enumerate(lengths)], layout=torch.jagged)
+    images = [{"pixel_values": torch.full((3, 2, 2), float(i))} for i in range(4)]
+    images[1] = None
+    mm = torch.stack([NonTensorData(x) for x in images])
+    td = tu.get_tensordict({"input_ids": ids, "position_ids": pos, "multi_modal_inputs": mm})
+    first, second = tu.chunk_tensordict(td, 2)
+    assert [r.tolist() for r in second["input_ids"].unbind(0)] == [list(range(20, 26)), list(range(30, 37))]
+    assert [tuple(r.shape) for r in first["position_ids"].unbind(0)] == [(4, 4), (4, 5)]
+    got = tu.get(first, "multi_modal_inputs")
+    assert got[1] is None and torch.equal(got[0]["pixel_values"], torch.zeros(3, 2, 2))
+    back = tu.concat_tensordict([first, second])
+    assert [tuple(r.shape) for r in back["position_ids"].unbind(0)] == [(4, k) for k in lengths]
+    assert torch.equal(back["input_ids"].values(), ids.values())
