@@ -243,3 +243,14 @@ def test_grad_norm_split_and_sum_pi_squared():
         if verl_F.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE:
             raise ImportError("flash-attn present: nothing to check")
         verl_F.logprobs_from_logits_flash_attn(torch.zeros(1, 2), torch.zeros(1, dtype=torch.long))
+
+
+def test_masked_sum_and_mean_weight_by_float_masks_as_upstream():
+    values = torch.tensor([[2.0, 4.0, float("nan")], [1.0, 3.0, 5.0]])
+    weights = torch.tensor([[0.5, 0.25, 0.0], [1.0, 0.0, 0.5]])
+    # sum: 2 * 0.5 + 4 * 0.25 + 1 * 1 + 5 * 0.5 = 5.5; weight total 2.25
+    assert verl_F.masked_sum(values, weights).item() == pytest.approx(5.5)
+    assert verl_F.masked_mean(values, weights).item() == pytest.approx(5.5 / 2.25)
+    # per row: (1 + 1) / 0.75 and (1 + 2.5) / 1.5; a fractional total below 1 is not clamped to 1
+    torch.testing.assert_close(verl_F.masked_mean(values, weights, axis=-1), torch.tensor([2.0 / 0.75, 3.5 / 1.5]))
+    assert verl_F.masked_mean(values, torch.zeros(2, 3)).item() == 0.0

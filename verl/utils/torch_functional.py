@@ -101,24 +101,29 @@ def _select(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
-    """Sum of `values` where `mask` is set; over all elements (`axis=None`) or along `axis`."""
-    selected = _select(values, mask)
-    return selected.sum() if axis is None else selected.sum(dim=axis)
+    """Sum of ``values * mask`` over the positions where `mask` is non-zero; over all elements
+    (`axis=None`) or along `axis` (an int or a tuple of ints).
+
+    A 0/1 or bool mask selects; a float mask also weights (as upstream). Values under a zero
+    mask never leak, even NaN or inf.
+    """
+    weighted = _select(values, mask) * mask.to(values.dtype)
+    return weighted.sum() if axis is None else weighted.sum(dim=axis)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
-    """Mean of `values` over the positions where `mask` is set.
+    """``masked_sum(values, mask) / mask.sum()``: the (weighted) mean over the masked positions.
 
     Args:
         values: any shape.
-        mask: same shape as `values` (broadcastable), 0/1 or bool.
-        axis: None for one scalar over everything, or the dimension to reduce.
+        mask: same shape as `values` (broadcastable), 0/1, bool or non-negative weights.
+        axis: None for one scalar over everything, or the dimension(s) to reduce.
     Returns:
         0-d tensor (axis None) or the reduced tensor. Rows/batches with no selected element give 0.
     """
     weights = mask.to(values.dtype)
     count = weights.sum() if axis is None else weights.sum(dim=axis)
-    return masked_sum(values, mask, axis) / count.clamp(min=1)
+    return masked_sum(values, mask, axis) / torch.where(count > 0, count, torch.ones_like(count))
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
