@@ -639,3 +639,27 @@ def test_conflicts_are_value_and_assertion_errors_as_upstream_asserts():
     other.non_tensor_batch["uid"] = np.array(["x", "y"], dtype=object)
     with pytest.raises(AssertionError, match="'uid'"):
         make(2).union(other)
+
+
+def test_upstream_error_words_and_assertion_compatibility():
+    d = make(6)
+    with pytest.raises(AssertionError, match="only support equal chunk. Got size of DataProto 6 and chunk 5"):
+        d.chunk(5)
+    with pytest.raises(AssertionError, match="Conflicting values for meta_info key 'config'"):
+        DataProto.concat([make(1, meta={"config": "A"}), make(1, meta={"config": "B"})])
+    with pytest.raises(AssertionError, match="`nd` in tensor_dict1 and tensor_dict2 are not the same object."):
+        union_numpy_dict({"nd": np.arange(3)}, {"nd": np.arange(3) + 1})
+    with pytest.raises(AssertionError, match="only support num_batch_dims=1"):
+        DataProto.from_dict(tensors={"x": torch.ones(2, 2)}, num_batch_dims=2)
+    with pytest.raises(AssertionError, match="5 % 2 != 0"):
+        list(make(5).make_iterator(2, 1))
+
+
+def test_unfold_column_chunks_splits_per_row_sequences():
+    data = DataProto.from_dict(tensors={"obs1": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), "obs2": torch.tensor([[1], [5]])},
+                               non_tensors={"labels": [["a1", "a2"], ["b1", "b2"]]}, meta_info={"name": "abc"})
+    ret = data.unfold_column_chunks(2, split_keys=["obs1", "labels"])
+    assert ret.batch["obs1"].tolist() == [[1, 2], [3, 4], [5, 6], [7, 8]]
+    assert ret.batch["obs2"].tolist() == [[1], [1], [5], [5]]
+    assert ret.non_tensor_batch["labels"].tolist() == [["a1"], ["a2"], ["b1"], ["b2"]]
+    assert ret.meta_info == {"name": "abc"}

@@ -202,8 +202,8 @@ def _merge_meta_info(metas: Sequence[dict]) -> dict:
             elif key not in merged:
                 merged[key], origin[key] = value, part
             elif not _values_equal(merged[key], value):
-                raise tu.TensorDictMismatchError(
-                    f"cannot concat DataProtos: meta_info[{key!r}] is {_short(merged[key])} in part {origin[key]} "
+                raise tu.ProtocolError(
+                    f"Conflicting values for meta_info key '{key}': cannot concat DataProtos, meta_info[{key!r}] is {_short(merged[key])} in part {origin[key]} "
                     f"but {_short(value)} in part {part}; make the workers agree (e.g. reduce it) or pop it before concat"
                 )
     if metrics is not None:
@@ -236,7 +236,10 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
     for key, val in tensor_dict2.items():
         if key in tensor_dict1:
             if not isinstance(val, np.ndarray) or not _values_equal(tensor_dict1[key], val):
-                raise tu.TensorDictMismatchError(f"non-tensor key {key!r} is in both dicts with different values; union refuses to overwrite it")
+                raise tu.ProtocolError(
+                    f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. The non-tensor key {key!r} holds "
+                    "different values in the two dicts; union refuses to overwrite it"
+                )
         else:
             tensor_dict1[key] = val
     return tensor_dict1
@@ -245,7 +248,10 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
 def _union_meta(meta1: dict, meta2: dict) -> dict:
     for key, val in meta2.items():
         if key in meta1 and not _values_equal(meta1[key], val):
-            raise tu.TensorDictMismatchError(f"meta_info key {key!r} differs between the two DataProtos ({_short(meta1[key])} vs {_short(val)})")
+            raise tu.ProtocolError(
+                f"{key} in meta_dict1 and meta_dict2 are not the same object: meta_info key {key!r} differs between the "
+                f"two DataProtos ({_short(meta1[key])} vs {_short(val)})"
+            )
         meta1[key] = val
     return meta1
 
@@ -276,7 +282,7 @@ def _mini_batch_indices(n: int, mini_batch_size: int, epochs: int, seed: int | N
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
     if n % mini_batch_size != 0 and not kwargs.get("drop_last", False):
-        raise ValueError(f"{n} rows do not divide into mini-batches of {mini_batch_size}; pass dataloader_kwargs={{'drop_last': True}} to drop the remainder")
+        raise tu.ProtocolError(f"{n} % {mini_batch_size} != 0: {n} rows do not divide into mini-batches of {mini_batch_size}; pass dataloader_kwargs={{'drop_last': True}} to drop the remainder")
     generator = None
     if seed is not None:
         generator = torch.Generator()
@@ -499,7 +505,7 @@ class DataProto:
             auto_padding: allow uneven chunking of this batch (see `DataProtoConfig`).
         """
         if num_batch_dims != 1:
-            raise ValueError(f"DataProto supports exactly one batch dimension, got num_batch_dims={num_batch_dims}")
+            raise tu.ProtocolError(f"only support num_batch_dims=1: DataProto has exactly one batch dimension, got num_batch_dims={num_batch_dims}")
         tensors = tensors or {}
         non_tensors = non_tensors or {}
         meta_info = dict(meta_info or {})
@@ -670,7 +676,7 @@ class DataProto:
         """Add `other`'s keys to self in place (equal row counts; a shared key must hold equal
         values, else ValueError naming it) and return self."""
         if len(self) != len(other) and (self.batch is not None or self.non_tensor_batch) and (other.batch is not None or other.non_tensor_batch):
-            raise tu.TensorDictMismatchError(f"cannot union DataProtos of {len(self)} and {len(other)} rows")
+            raise tu.ProtocolError(f"Two tensor dict must have identical batch size: cannot union DataProtos of {len(self)} and {len(other)} rows")
         if self.batch is None:
             self.batch = other.batch
         elif other.batch is not None:
@@ -727,7 +733,8 @@ class DataProto:
             raise ValueError(f"chunks must be a positive int, got {chunks!r}")
         n = len(self)
         if n % chunks != 0 and not self.is_padding_enabled():
-            raise ValueError(
+            raise tu.ProtocolError(
+                f"only support equal chunk. Got size of DataProto {n} and chunk {chunks}: "
                 f"a DataProto of {n} rows cannot be split into {chunks} equal chunks; pad it first "
                 f"(pad_dataproto_to_divisor) or enable auto padding (DataProtoConfig.auto_padding = True)"
             )
@@ -806,6 +813,17 @@ class DataProto:
         n = len(self)
 
         def unfold(key, val):
+            if key in split_keys and isinstance(val, np.ndarray) and val.ndim == 1 and val.dtype == object:
+                # one Python sequence per row (e.g. a list of labels): cut each into n_split parts
+                out = np.empty(n * n_split, dtype=object)
+                for i, row in enumerate(val):
+                    items = list(row)
+                    if len(items) % n_split != 0:
+                        raise ValueError(f"row {i} of {key!r} has {len(items)} items, not divisible by n_split={n_split}")
+                    k = len(items) // n_split
+                    for j in range(n_split):
+                        out[i * n_split + j] = items[j * k : (j + 1) * k]
+                return out
             if key in split_keys:
                 if val.shape[1] % n_split != 0:
                     raise ValueError(f"dim 1 of {key!r} has size {val.shape[1]}, not divisible by n_split={n_split}")

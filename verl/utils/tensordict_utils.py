@@ -25,11 +25,13 @@ from tensordict.tensorclass import NonTensorData, NonTensorStack
 logger = logging.getLogger(__name__)
 
 
-class TensorDictMismatchError(ValueError, AssertionError):
-    """Two TensorDicts (or their entries) disagree where they must agree.
+class ProtocolError(ValueError, AssertionError):
+    """A data-layer contract is broken: two TensorDicts / DataProtos disagree where they must
+    agree (a union or concat conflict, different row counts), or a batch cannot be split as asked.
 
     Upstream signals these cases with ``assert`` (AssertionError); this error is both a
-    ValueError and an AssertionError, so code written against either keeps working.
+    ValueError and an AssertionError, so code written against either keeps working. Messages
+    start with upstream's words and then say what to do.
     """
 
 __all__ = [
@@ -135,7 +137,7 @@ def get_tensordict(tensor_dict: dict[str, torch.Tensor | list], non_tensor_dict:
         if batch_size is None:
             batch_size, first_key = rows, key
         elif rows != batch_size:
-            raise TensorDictMismatchError(f"entry {key!r} has {rows} rows but {first_key!r} has {batch_size}")
+            raise ProtocolError(f"entry {key!r} has {rows} rows but {first_key!r} has {batch_size}")
         source[key] = val
     for key, val in non_tensor_dict.items():
         if key in source:
@@ -258,7 +260,7 @@ def concat_tensordict_with_none_bsz(data: list[TensorDict]) -> TensorDict:
     first one, as upstream (its values win)."""
     for i, d in enumerate(data):
         if len(d.batch_size) != 0:
-            raise TensorDictMismatchError(f"TensorDict {i} has batch_size {tuple(d.batch_size)}; expected [] for every part")
+            raise ProtocolError(f"TensorDict {i} has batch_size {tuple(d.batch_size)}; expected [] for every part")
     return data[0]
 
 
@@ -273,11 +275,11 @@ def concat_tensordict(data: list[TensorDict]) -> TensorDict:
     the TensorDicts do not have the same keys.
     """
     if not data:
-        raise TensorDictMismatchError("concat_tensordict needs at least one TensorDict")
+        raise ProtocolError("concat_tensordict needs at least one TensorDict")
     keys0 = set(data[0].keys())
     for i, td in enumerate(data[1:], start=1):
         if set(td.keys()) != keys0:
-            raise TensorDictMismatchError(f"TensorDict {i} has keys {sorted(td.keys())} but TensorDict 0 has {sorted(keys0)}")
+            raise ProtocolError(f"TensorDict {i} has keys {sorted(td.keys())} but TensorDict 0 has {sorted(keys0)}")
     if len(data[0].batch_size) == 0:
         return concat_tensordict_with_none_bsz(data)
     # batch-wide values keep part 0's value (upstream's contract); recent tensordict versions
@@ -295,7 +297,7 @@ def concat_tensordict(data: list[TensorDict]) -> TensorDict:
     for i, td in enumerate(data[1:], start=1):
         mine = {k for k, v in td.items() if isinstance(v, torch.Tensor) and v.is_nested}
         if mine != nested:
-            raise TensorDictMismatchError(f"TensorDict {i} has nested tensors {sorted(mine)} but TensorDict 0 has {sorted(nested)}")
+            raise ProtocolError(f"TensorDict {i} has nested tensors {sorted(mine)} but TensorDict 0 has {sorted(nested)}")
     regular = [TensorDict({k: td.get(k) for k in td.keys() if k not in nested}, batch_size=td.batch_size, device=td.device) for td in data]
     out = torch.cat(regular, dim=0)
     for key in sorted(nested):
@@ -380,7 +382,10 @@ def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> Ten
     silently overwrites data.
     """
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise TensorDictMismatchError(f"cannot union TensorDicts with batch sizes {tuple(tensor_dict1.batch_size)} and {tuple(tensor_dict2.batch_size)}")
+        raise ProtocolError(
+            f"Two tensor dict must have identical batch size. Got {tensor_dict1.batch_size} and {tensor_dict2.batch_size}: "
+            f"cannot union TensorDicts with batch sizes {tuple(tensor_dict1.batch_size)} and {tuple(tensor_dict2.batch_size)}"
+        )
     keys1 = set(tensor_dict1.keys())
     for key in tensor_dict2.keys():
         value2 = tensor_dict2.get(key)
@@ -393,7 +398,10 @@ def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> Ten
         else:
             same = _plain(value1) == _plain(value2)
         if not same:
-            raise TensorDictMismatchError(f"key {key!r} is in both TensorDicts with different values; union refuses to overwrite it")
+            raise ProtocolError(
+                f"{key} in tensor_dict1 and tensor_dict2 are not the same object: key {key!r} is in both TensorDicts "
+                "with different values; union refuses to overwrite it"
+            )
     return tensor_dict1
 
 
