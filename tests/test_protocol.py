@@ -247,9 +247,12 @@ def test_concat_rows_and_meta_info():
     assert len(c) == 5 and rows(c) == [0, 1, 0, 1, 2]
     assert c.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u0", "u1", "u2"]
     assert c.meta_info["temperature"] == 1.0 and c.meta_info["only_b"] == "x"
-    assert c.meta_info["metrics"] == {"loss": [0.5, 0.25, 0.75], "lr": [1e-3, 1e-3]}
+    # one entry per part, as upstream: part 0's list stays a list
+    assert c.meta_info["metrics"] == {"loss": [[0.5, 0.25], 0.75], "lr": [1e-3, 1e-3]}
     listed = DataProto.concat([make(1, meta={"metrics": [{"m": 1}, {"m": 2}]}), make(1, meta={"metrics": {"m": 3}})])
-    assert listed.meta_info["metrics"] == {"m": [1, 2, 3]}
+    assert listed.meta_info["metrics"] == {"m": [1, 2, 3]}  # a list of dicts gives one entry per dict
+    skipped = DataProto.concat([make(1, meta={"metrics": None}), make(1)])
+    assert "metrics" not in skipped.meta_info
 
 
 def test_concat_conflicting_meta_names_key():
@@ -280,6 +283,14 @@ def test_chunk_even_and_uneven():
     padded.meta_info[DataProtoConfig.auto_padding_key] = True
     assert [rows(p) for p in padded.chunk(2)] == [[0, 1, 2], [3, 4]]
     assert [len(p) for p in padded.chunk(7)] == [1, 1, 1, 1, 1, 0, 0]
+    # upstream's sizes: TensorDict.chunk with a tensor batch (ceil(10 / 4) = 3 per piece) ...
+    ten = make(10, meta={DataProtoConfig.auto_padding_key: True})
+    assert [len(p) for p in ten.chunk(4)] == [3, 3, 3, 1]
+    # ... where torch would return only 3 pieces for 5 rows in 4, the 4th is empty
+    assert [len(p) for p in padded.chunk(4)] == [2, 2, 1, 0]
+    # ... and np.array_split without one
+    no_batch = DataProto.from_dict(non_tensors={"s": list("abcdefghij")}, auto_padding=True)
+    assert [p.non_tensor_batch["s"].tolist() for p in no_batch.chunk(4)] == [list("abc"), list("def"), list("gh"), list("ij")]
     with pytest.raises(ValueError, match="positive int"):
         d.chunk(0)
 
@@ -434,8 +445,30 @@ def test_make_iterator_validation():
     with pytest.raises(ValueError, match="5 rows do not divide into mini-batches of 2"):
         list(d.make_iterator(2, 1))
     assert [len(mb) for mb in d.make_iterator(2, 1, dataloader_kwargs={"drop_last": True})] == [2, 2]
-    with pytest.raises(ValueError, match="num_workers"):
-        list(d.make_iterator(1, 1, dataloader_kwargs={"num_workers": 2}))
+    with pytest.raises(ValueError, match="batch_size"):
+        list(d.make_iterator(1, 1, dataloader_kwargs={"batch_size": 2}))
+
+
+def test_make_iterator_matches_upstream_dataloader_order_and_object_dtype():
+    # upstream iterates DataLoader(dataset=self, batch_size=mini_batch_size, generator=Generator
+    # seeded once, **dataloader_kwargs) once per epoch; the same seed must give the same rows
+    n, mbs, epochs, seed = 8, 2, 3, 11
+    d = DataProto.from_dict(tensors={"ids": torch.arange(n)}, non_tensors={"k": np.arange(n)})
+    got = [mb.batch["ids"].tolist() for mb in d.make_iterator(mbs, epochs, seed=seed, dataloader_kwargs={"shuffle": True})]
+    g = torch.Generator()
+    g.manual_seed(seed)
+    loader = torch.utils.data.DataLoader(list(range(n)), batch_size=mbs, shuffle=True, generator=g)
+    expected = [b.tolist() for _ in range(epochs) for b in loader]
+    assert got == expected and len(got) == 12
+    # by hand for the first epoch: the loader's iterator draws one int64 from the generator
+    # (its base seed), then the sampler takes randperm(n) from the same generator
+    g2 = torch.Generator()
+    g2.manual_seed(seed)
+    torch.empty((), dtype=torch.int64).random_(generator=g2)
+    perm = torch.randperm(n, generator=g2).tolist()
+    assert got[:4] == [perm[i : i + mbs] for i in range(0, n, mbs)]
+    mb = next(d.make_iterator(mbs, 1))
+    assert mb.non_tensor_batch["k"].dtype == object and mb.non_tensor_batch["k"].tolist() == [0, 1]
 
 
 # ----------------------------------------------------------------------------- devices, info, files
@@ -539,3 +572,94 @@ def test_state_is_plain_buffers():
     buf = io.BytesIO()
     pickle.dump(d, buf)
     assert len(buf.getvalue()) < 2048
+
+
+# ----------------------------------------------------------------------------- upstream helpers
+
+
+def test_serialize_single_tensor_and_tensordict_round_trip():
+    from verl.protocol import deserialize_single_tensor, deserialize_tensordict, serialize_single_tensor, serialize_tensordict
+
+    t = torch.tensor([[1.5, -2.0], [0.25, 4.0]], dtype=torch.bfloat16)
+    dtype, shape, data = serialize_single_tensor(t)
+    assert dtype == "bfloat16" and shape == (2, 2) and data.dtype == np.uint8 and data.size == 8  # 4 x 2 bytes
+    back = deserialize_single_tensor((dtype, shape, data))
+    assert back.dtype == torch.bfloat16 and torch.equal(back, t)
+    back[0, 0] = 0  # writable, and the source is untouched
+    assert t[0, 0].item() == 1.5
+    assert deserialize_single_tensor(serialize_single_tensor(torch.zeros(0, 3))).shape == (0, 3)
+    with pytest.raises(ValueError, match="unknown tensor dtype 'nope'"):
+        deserialize_single_tensor(("nope", (1,), np.zeros(1, dtype=np.uint8)))
+
+    nested = torch.nested.as_nested_tensor([torch.arange(2), torch.arange(3)], layout=torch.jagged)
+    td = TensorDict({"x": torch.arange(4).reshape(2, 2), "n": nested}, batch_size=[2])
+    bs, device, items = serialize_tensordict(td)
+    assert bs == (2,) and device is None and len(items["x"]) == 3 and items["n"][0] == "jagged" and len(items["n"][1]) == 2
+    td2 = deserialize_tensordict(pickle.loads(pickle.dumps((bs, device, items))))
+    assert torch.equal(td2["x"], td["x"]) and [r.tolist() for r in td2["n"].unbind()] == [[0, 1], [0, 1, 2]]
+    with pytest.raises(ValueError, match="expected length 2 or 3, got 1"):
+        deserialize_tensordict(((1,), None, {"bad": ("x",)}))
+
+
+def test_batch_data_chunk_and_concat():
+    from verl.protocol import BatchData
+
+    d = make(4)
+    assert BatchData(d).is_chunkable() and not BatchData([d]).is_chunkable()
+    parts = BatchData(d).chunk(2)
+    assert [rows(p) for p in parts] == [[0, 1], [2, 3]]
+    assert BatchData(parts).is_concatable()
+    assert_same(BatchData(parts).concat(), d)
+    td = TensorDict({"x": torch.arange(4)}, batch_size=[4])
+    tparts = BatchData(td).chunk(2)
+    assert [p["x"].tolist() for p in tparts] == [[0, 1], [2, 3]]
+    assert BatchData(tparts).concat()["x"].tolist() == [0, 1, 2, 3]
+    assert not BatchData([]).is_concatable() and not BatchData([d, td]).is_concatable()
+    with pytest.raises(TypeError, match="non-empty list of DataProto"):
+        BatchData([d, td]).concat()
+    with pytest.raises(TypeError, match="not chunkable"):
+        BatchData(3).chunk(2)
+
+
+def test_print_summary(capsys):
+    make(2, meta={"temperature": 0.5, "hist": [1, 2, 3]}).print_summary("rollout")
+    out = capsys.readouterr().out
+    assert out.startswith("--- start of rollout ---") and out.rstrip().endswith("--- end of rollout ---")
+    assert "meta_info: temperature: 0.5" in out and "len=3" in out and "ids" in out and "uid" in out
+
+
+def test_conflicts_are_value_and_assertion_errors_as_upstream_asserts():
+    a, b = make(2, meta={"temperature": 1.0}), make(2, meta={"temperature": 0.5})
+    for call in (lambda: DataProto.concat([a, b]), lambda: make(2).union(b), lambda: make(2).union(make(3))):
+        with pytest.raises(AssertionError):
+            call()
+        with pytest.raises(ValueError):
+            call()
+    other = make(2)
+    other.non_tensor_batch["uid"] = np.array(["x", "y"], dtype=object)
+    with pytest.raises(AssertionError, match="'uid'"):
+        make(2).union(other)
+
+
+def test_upstream_error_words_and_assertion_compatibility():
+    d = make(6)
+    with pytest.raises(AssertionError, match="only support equal chunk. Got size of DataProto 6 and chunk 5"):
+        d.chunk(5)
+    with pytest.raises(AssertionError, match="Conflicting values for meta_info key 'config'"):
+        DataProto.concat([make(1, meta={"config": "A"}), make(1, meta={"config": "B"})])
+    with pytest.raises(AssertionError, match="`nd` in tensor_dict1 and tensor_dict2 are not the same object."):
+        union_numpy_dict({"nd": np.arange(3)}, {"nd": np.arange(3) + 1})
+    with pytest.raises(AssertionError, match="only support num_batch_dims=1"):
+        DataProto.from_dict(tensors={"x": torch.ones(2, 2)}, num_batch_dims=2)
+    with pytest.raises(AssertionError, match="5 % 2 != 0"):
+        list(make(5).make_iterator(2, 1))
+
+
+def test_unfold_column_chunks_splits_per_row_sequences():
+    data = DataProto.from_dict(tensors={"obs1": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), "obs2": torch.tensor([[1], [5]])},
+                               non_tensors={"labels": [["a1", "a2"], ["b1", "b2"]]}, meta_info={"name": "abc"})
+    ret = data.unfold_column_chunks(2, split_keys=["obs1", "labels"])
+    assert ret.batch["obs1"].tolist() == [[1, 2], [3, 4], [5, 6], [7, 8]]
+    assert ret.batch["obs2"].tolist() == [[1], [1], [5], [5]]
+    assert ret.non_tensor_batch["labels"].tolist() == [["a1"], ["a2"], ["b1"], ["b2"]]
+    assert ret.meta_info == {"name": "abc"}

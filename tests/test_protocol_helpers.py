@@ -209,3 +209,132 @@ def test_config_get_reads_dicts_dataclasses_dictconfig_and_objects():
     assert config_get(None, "a", 7) == 7
     # one helper, used by the algorithms and the datasets
     assert core_algos.config_get is rollout_corr_helper.config_get is rl_dataset.config_get is sft_dataset.config_get is config_get
+
+
+# ----------------------------------------------------------------------------- protocol v2 contracts (upstream's tensordict_utils)
+
+
+def _rows3d(lengths, base=0):
+    """mRoPE-like position ids: row i is [4, lengths[i]] with distinct values."""
+    return [(torch.arange(n) + base + 100 * i).expand(4, n) for i, n in enumerate(lengths)]
+
+
+def test_nested_from_list_ragged_dims_and_select_chunk_keep_them():
+    rows = _rows3d([2, 5, 5, 3])
+    pos = tu.nested_tensor_from_tensor_list(rows)  # ragged along each row's last dim
+    assert pos._ragged_idx == 2 and pos.values().shape == (4, 15) and pos.offsets().tolist() == [0, 2, 7, 12, 15]
+    data = tu.get_tensordict({"position_ids": pos, "obs": torch.arange(4)})
+    sel = tu.index_select_tensor_dict(data, torch.tensor([1, 2]))
+    assert sel["position_ids"]._ragged_idx == 2 and sel["position_ids"].values().shape == (4, 10)
+    assert [torch.equal(a, b) for a, b in zip(sel["position_ids"].unbind(0), rows[1:3])] == [True, True]
+    first, second = tu.chunk_tensordict(data, 2)
+    assert second["position_ids"]._ragged_idx == 2 and second["position_ids"].offsets().tolist() == [0, 5, 8]
+    assert torch.equal(second["position_ids"].unbind(0)[1], rows[3]) and second["obs"].tolist() == [2, 3]
+    # ragged along the first row dim (top-k teacher log-probs [L_i, 64])
+    elems = [torch.randn(n, 64) for n in (5, 8, 3, 7)]
+    tl = tu.nested_tensor_from_tensor_list(elems, ragged_idx=1)
+    assert tl.shape[2] == 64 and tl._ragged_idx == 1
+    parts = tu.chunk_tensordict(tu.get_tensordict({"t": tl}), 2)
+    assert parts[1]["t"]._ragged_idx == 1 and torch.equal(parts[1]["t"].unbind(0)[1], elems[3])
+    with pytest.raises(ValueError, match=r"ragged_idx must be in \[1, 2\]"):
+        tu.nested_tensor_from_tensor_list(elems, ragged_idx=3)
+
+
+def test_concat_nested_tensors_2d_3d_4d():
+    for shape_of in (lambda n: (n,), lambda n: (4, n), lambda n: (2, 3, n)):
+        rows = [torch.randint(0, 9, shape_of(n)) for n in (4, 5, 3, 6)]
+        a = torch.nested.as_nested_tensor(rows[:2], layout=torch.jagged)
+        b = torch.nested.as_nested_tensor(rows[2:], layout=torch.jagged)
+        out = tu.concat_nested_tensors([a, b])
+        assert out.shape[0] == 4 and all(torch.equal(x, y) for x, y in zip(out.unbind(0), rows))
+    with pytest.raises(ValueError, match="jagged nested tensor"):
+        tu.concat_nested_tensors([torch.ones(2, 3)])
+
+
+def test_concat_tensordict_nested_non_tensor_and_batch_wide_values():
+    ab = torch.nested.as_nested_tensor([torch.arange(3), torch.arange(4)], layout=torch.jagged)
+    cd = torch.nested.as_nested_tensor([torch.arange(2), torch.arange(1)], layout=torch.jagged)
+    t1 = tu.get_tensordict({"input_ids": ab, "labels": ["a", "b"]}, {"temp": 1.0})
+    t2 = tu.get_tensordict({"input_ids": cd, "labels": ["c", "d"]}, {"temp": 2.0})
+    out = tu.concat_tensordict([t1, t2])
+    assert out["input_ids"].values().tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 1, 0]
+    assert out["labels"] == ["a", "b", "c", "d"] and out["temp"] == 1.0  # batch-wide: part 0 wins
+    assert t1["temp"] == 1.0 and len(t1) == 2  # inputs untouched
+    only_rows = tu.concat_tensordict([tu.get_tensordict({"l": ["a"]}, {"temp": 1.0}), tu.get_tensordict({"l": ["b"]}, {"temp": 2.0})])
+    assert only_rows.batch_size[0] == 2 and only_rows["temp"] == 1.0
+    meta_only = tu.concat_tensordict([tu.get_tensordict({}, {"temp": 1.0}), tu.get_tensordict({}, {"temp": 2.0})])
+    assert len(meta_only.batch_size) == 0 and meta_only["temp"] == 1.0
+
+
+def test_union_conflicts_are_assertion_and_value_errors():
+    obs = torch.randn(4, 2)
+    d1 = tu.get_tensordict({"obs": obs, "src": ["g"] * 4})
+    tu.union_tensor_dict(d1, tu.get_tensordict({"obs": obs, "rew": torch.ones(4), "src": ["g"] * 4}))
+    assert set(d1.keys()) == {"obs", "src", "rew"}
+    for other in (tu.get_tensordict({"obs": obs + 1}), tu.get_tensordict({"src": ["g", "g", "g", "m"]})):
+        with pytest.raises(AssertionError, match="different values"):
+            tu.union_tensor_dict(d1, other)
+        with pytest.raises(ValueError):
+            tu.union_tensor_dict(d1, other)
+    tu.assign_non_tensor(d1, top_p=0.8)
+    with pytest.raises(AssertionError, match="'top_p'"):
+        tu.union_tensor_dict(d1, tu.assign_non_tensor(tu.get_tensordict({"obs": obs}), top_p=0.9))
+
+
+def test_contiguous_makes_consolidate_safe_and_keeps_entries():
+    import copy
+
+    nested = torch.nested.as_nested_tensor([torch.randn(3), torch.randn(4)], layout=torch.jagged)
+    data = tu.get_tensordict(
+        {"a": torch.randn(2, 4), "b": torch.randn(2, 4)[:, :-1], "c": nested, "nt": [{"p": torch.randn(2)}, {"p": torch.randn(3)}]},
+        non_tensor_dict={"ntd": torch.arange(3)},
+    )
+    assert not data["b"].is_contiguous()
+    cont = tu.contiguous(copy.deepcopy(data))
+    assert cont is not data and cont["b"].is_contiguous() and cont.get("ntd").__class__.__name__ == "NonTensorData"
+    tu.assert_tensordict_eq(cont, data)
+    cont.consolidate()
+
+
+def test_list_of_dict_to_tensordict_and_position_ids_fix():
+    td = tu.list_of_dict_to_tensordict([{"s": torch.tensor(1.0), "ids": torch.arange(3), "tag": "a"}, {"s": torch.tensor(2.0), "ids": torch.arange(3), "tag": "b"}])
+    assert td["s"].tolist() == [1.0, 2.0]
+    assert td["ids"].is_nested and td["ids"].offsets().tolist() == [0, 3, 6]  # nested even with equal lengths
+    assert td["tag"] == ["a", "b"]
+    pos = tu.nested_tensor_from_tensor_list(_rows3d([2, 3]))
+    pos._ragged_idx = 1
+    holder = tu.get_tensordict({"position_ids": pos})
+    tu.maybe_fix_3d_position_ids(holder)
+    assert holder["position_ids"]._ragged_idx == 2
+
+
+def test_tensordict_make_iterator_nested_and_seeded_order():
+    nt = torch.nested.as_nested_tensor([torch.arange(k + 1) for k in range(6)], layout=torch.jagged)
+    ds = tu.get_tensordict({"obs": torch.arange(6), "input_ids": nt, "src": list("abcdef")}, {"kw": {"top_p": 1.0}})
+    got = [mb["obs"].tolist() for mb in tu.make_iterator(ds, 3, 2, seed=1, dataloader_kwargs={"shuffle": True})]
+    g = torch.Generator()
+    g.manual_seed(1)
+    loader = torch.utils.data.DataLoader(list(range(6)), batch_size=3, shuffle=True, generator=g)
+    assert got == [b.tolist() for _ in range(2) for b in loader]
+    mb = next(tu.make_iterator(ds, 2, 1))
+    assert [r.tolist() for r in mb["input_ids"].unbind()] == [[0], [0, 1]] and mb["src"] == ["a", "b"] and mb["kw"] == {"top_p": 1.0}
+
+
+def test_chunk_and_concat_with_3d_nested_tensors_and_per_row_objects():
+    from tensordict.tensorclass import NonTensorData
+
+    lengths = (4, 5, 6, 7)
+    pos = torch.nested.as_nested_tensor([torch.arange(k).expand(4, k) for k in lengths], layout=torch.jagged)
+    ids = torch.nested.as_nested_tensor([torch.arange(k) + 10 * i for i, k in enumerate(lengths)], layout=torch.jagged)
+    images = [{"pixel_values": torch.full((3, 2, 2), float(i))} for i in range(4)]
+    images[1] = None
+    mm = torch.stack([NonTensorData(x) for x in images])
+    td = tu.get_tensordict({"input_ids": ids, "position_ids": pos, "multi_modal_inputs": mm})
+    first, second = tu.chunk_tensordict(td, 2)
+    assert [r.tolist() for r in second["input_ids"].unbind(0)] == [list(range(20, 26)), list(range(30, 37))]
+    assert [tuple(r.shape) for r in first["position_ids"].unbind(0)] == [(4, 4), (4, 5)]
+    got = tu.get(first, "multi_modal_inputs")
+    assert got[1] is None and torch.equal(got[0]["pixel_values"], torch.zeros(3, 2, 2))
+    back = tu.concat_tensordict([first, second])
+    assert [tuple(r.shape) for r in back["position_ids"].unbind(0)] == [(4, k) for k in lengths]
+    assert torch.equal(back["input_ids"].values(), ids.values())

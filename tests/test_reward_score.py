@@ -166,3 +166,100 @@ def test_unknown_data_source_names_it_and_lists_known_ones():
     for src in known_data_sources():
         assert src in msg
     assert "openai/gsm8k" in known_data_sources() and "verl_toy/addition" in known_data_sources()
+
+
+# -------------------------------------------------------------------------------------------- upstream routing
+def test_routing_of_upstream_data_sources():
+    # math_dapo family: dict with +-1 score (wrong answers are penalised)
+    for src in ("math_dapo", "math", "math_dapo_reasoning", "aime2024"):
+        right = default_compute_score(src, "... so\nAnswer: 1,000", "1000")
+        assert right == {"score": 1.0, "acc": True, "pred": "1000"}, src
+        wrong = default_compute_score(src, "Answer: 12", "13")
+        assert wrong["score"] == -1.0 and wrong["acc"] is False
+    # no "Answer:" line: the boxed answer of the tail counts
+    assert default_compute_score("math", r"thus \boxed{\frac{1}{2}}", r"\frac{1}{2}")["acc"] is True
+    # prime_math (numina_*): tuple -> float(is_correct)
+    assert default_compute_score("numina_olympiads", r"The answer is \boxed{\frac{1}{2}}", "0.5") == 1.0
+    assert default_compute_score("numina_cn_k12", r"\boxed{x^2+2x+1}", "(x+1)^2") == 1.0
+    assert default_compute_score("numina_amc_aime", "the answer is 7", "8") == 0.0
+    # geometry3k: 0.9 * acc + 0.1 * format
+    assert default_compute_score("hiyouga/geometry3k", r"<think>r=2</think> \boxed{4\pi}", r"4\pi") == pytest.approx(1.0)
+    assert default_compute_score("hiyouga/geometry3k", r"\boxed{4\pi}", r"4\pi") == pytest.approx(0.9)
+    assert default_compute_score("hiyouga/geometry3k", r"<think>x</think> \boxed{5}", "4") == pytest.approx(0.1)
+    # search-R1: exact match of the last <answer> against any target after normalisation
+    gt = {"target": ["The Eiffel Tower", "Eiffel tower"]}
+    assert default_compute_score("searchR1_nq", "<answer>x</answer> <answer>eiffel tower!</answer>", gt) == 1.0
+    assert default_compute_score("searchR1_hotpotqa", "<answer>Louvre</answer>", gt) == 0.0
+    assert default_compute_score("searchR1_nq", "no tags", gt) == 0.0
+    assert default_compute_score("searchR1_nq", "<answer>Eiffel Tower</answer>" * 11, gt) == 0.25  # tag spam
+    # gsm8k keeps its extraction method keyword
+    assert default_compute_score("openai/gsm8k", "it is 72", "72", method="flexible") == 1.0
+    assert default_compute_score("openai/gsm8k", "it is 72", "72") == 0.0
+
+
+def test_code_sources_need_a_sandbox_url():
+    from verl.utils.reward_score import sandbox_fusion
+
+    with pytest.raises(ValueError, match="sandbox URL"):
+        default_compute_score("apps", "```python\nprint(1)\n```", '{"inputs": [""], "outputs": ["1"]}')
+    with pytest.raises(ValueError, match="reward_model.sandbox_fusion.url"):
+        sandbox_fusion.compute_score(None, None, None, "```python\nprint(1)\n```", {"inputs": [""], "outputs": ["1"]})
+
+
+def test_sandbox_fusion_scores_against_a_fake_service(monkeypatch):
+    import json
+
+    import requests
+
+    from verl.utils.reward_score import sandbox_fusion
+
+    calls = []
+
+    class FakeResponse:
+        def __init__(self, payload):
+            self.payload = payload
+
+        def raise_for_status(self):
+            pass
+
+        def json(self):
+            return self.payload
+
+    def fake_post(url, json=None, timeout=None):  # noqa: A002 - requests' keyword
+        calls.append((url, json))
+        # the "program" doubles its input: right for inputs 1..3, the expected output of case 4 is wrong
+        out = str(int(json["stdin"]) * 2) + "\n"
+        return FakeResponse({"status": "Success", "run_result": {"status": "Finished", "stdout": out, "return_code": 0}})
+
+    monkeypatch.setattr(requests, "post", fake_post)
+    cases = {"inputs": ["1", "2", "3", "4"], "outputs": ["2", "4", "6", "9"]}
+    score, meta = sandbox_fusion.compute_score("http://sandbox/run_code", None, 256, "```python\nprint(int(input())*2)\n```", json.dumps(cases))
+    assert score == pytest.approx(0.75) and len(meta) == 4 and meta[3]["stdout"] == "8\n"
+    assert calls[0][0] == "http://sandbox/run_code" and calls[0][1]["memory_limit_MB"] == 256 and calls[0][1]["code"].strip() == "print(int(input())*2)"
+    # continuous: 10 passing cases then a failing one -> 10 / 11, never 1.0
+    many = {"inputs": [str(i) for i in range(11)], "outputs": [str(2 * i) for i in range(10)] + ["0"]}
+    cont, _ = sandbox_fusion.compute_score("http://sandbox/run_code", None, None, "```python\nx\n```", many, continuous=True)
+    assert cont == pytest.approx(10 / 11)
+    assert default_compute_score("codeforces", "```python\nx\n```", cases, sandbox_fusion_url="http://sandbox/run_code") == pytest.approx(0.75)
+    assert sandbox_fusion.compute_score("http://s", None, None, "no code here", cases) == (0.0, [{"error": "Invalid completion (missing code block)"}])
+
+
+def _score_for_pool(task, completion, reference, extra):
+    if completion == "boom":
+        raise RuntimeError("scorer failed")
+    return (1.0, "tuple") if task == "t" else float(completion == reference)
+
+
+def test_prime_parallel_compute_score_async_signature_and_results():
+    import asyncio
+    import inspect
+
+    from verl.workers.reward_manager.prime import parallel_compute_score_async, run_reward_scoring
+
+    params = list(inspect.signature(parallel_compute_score_async).parameters)
+    assert params == ["evaluation_func", "completions", "references", "tasks", "extra_info", "num_processes"]
+    scores = asyncio.run(parallel_compute_score_async(_score_for_pool, ["a", "b", "boom", "x"], ["a", "c", "a", "y"], ["s", "s", "s", "t"], num_processes=2))
+    assert scores == [1.0, 0.0, 0.0, 1.0]  # right, wrong, raised (0.0), tuple -> first element
+    assert run_reward_scoring(_score_for_pool, ["a"], ["a"], ["s"], extra_info=[{"i": 0}], num_processes=1) == [1.0]
+    with pytest.raises(ValueError, match="lengths differ"):
+        asyncio.run(parallel_compute_score_async(_score_for_pool, ["a"], [], ["s"]))

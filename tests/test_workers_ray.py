@@ -88,9 +88,9 @@ def test_world_size_2_log_probs_generation_update_and_checkpoint(setup, tmp_path
     greedy1 = single.generate_sequences(prompt_batch(tok, n=1).union(DataProto(meta_info={"validate": True}))).batch["responses"]
     assert torch.equal(greedy1, greedy2)
     m1 = single.update_actor(batch).meta_info["metrics"]
-    assert m2["actor/pg_loss"][0] == pytest.approx(m1["actor/pg_loss"][0], rel=1e-5, abs=1e-7)
-    assert m2["actor/grad_norm"][0] == pytest.approx(m1["actor/grad_norm"][0], rel=1e-5)
-    assert m2["actor/grad_norm"][0] > 0.05  # the update was clipped
+    assert m2["actor/pg_loss"][0][0] == pytest.approx(m1["actor/pg_loss"][0], rel=1e-5, abs=1e-7)
+    assert m2["actor/grad_norm"][0][0] == pytest.approx(m1["actor/grad_norm"][0], rel=1e-5)
+    assert m2["actor/grad_norm"][0][0] > 0.05  # the update was clipped
     after2 = actor.compute_log_prob(batch).batch["old_log_probs"]
     after1 = single.compute_log_prob(batch).batch["old_log_probs"]
     torch.testing.assert_close(after2, after1, atol=1e-5, rtol=0)
@@ -107,7 +107,7 @@ def test_world_size_2_log_probs_generation_update_and_checkpoint(setup, tmp_path
     batch.batch["old_log_probs"] = after2
     n2 = actor.update_actor(batch).meta_info["metrics"]
     n1 = fresh.update_actor(batch).meta_info["metrics"]
-    assert n2["actor/grad_norm"][0] == pytest.approx(n1["actor/grad_norm"][0], rel=1e-5)
+    assert n2["actor/grad_norm"][0][0] == pytest.approx(n1["actor/grad_norm"][0], rel=1e-5)
     torch.testing.assert_close(actor.compute_log_prob(batch).batch["old_log_probs"], fresh.compute_log_prob(batch).batch["old_log_probs"], atol=1e-5, rtol=0)
 
 
@@ -126,9 +126,9 @@ def test_world_size_2_critic_matches_single_process(setup):
     batch.batch["returns"] = torch.ones_like(v1) * batch.batch["response_mask"]
     m2 = critic.update_critic(batch).meta_info["metrics"]
     m1 = single.update_critic(batch).meta_info["metrics"]
-    assert m2["critic/vf_loss"][0] == pytest.approx(m1["critic/vf_loss"][0], rel=1e-5)
-    assert m2["critic/grad_norm"][0] == pytest.approx(m1["critic/grad_norm"][0], rel=1e-5)
-    assert m2["critic/grad_norm"][0] > 0.05
+    assert m2["critic/vf_loss"][0][0] == pytest.approx(m1["critic/vf_loss"][0], rel=1e-5)
+    assert m2["critic/grad_norm"][0][0] == pytest.approx(m1["critic/grad_norm"][0], rel=1e-5)
+    assert m2["critic/grad_norm"][0][0] > 0.05
     # the clipped step landed identically
     torch.testing.assert_close(critic.compute_values(batch).batch["values"], single.compute_values(batch).batch["values"], atol=1e-5, rtol=0)
 
@@ -140,6 +140,6 @@ def test_world_size_2_non_finite_loss_on_one_rank_is_skipped_everywhere(setup):
     batch.batch["old_log_probs"] = actor.compute_log_prob(batch).batch["old_log_probs"]
     batch.batch["advantages"][6, 0] = float("nan")  # row 6 lives on rank 1 only
     metrics = actor.update_actor(batch).meta_info["metrics"]  # must not hang: both ranks skip together
-    assert metrics["actor/nonfinite_loss_skipped"] == [1.0, 1.0]  # one entry per rank, same count
+    assert metrics["actor/nonfinite_loss_skipped"] == [[1.0], [1.0]]  # one entry (list) per rank, as upstream; same count
     lp = actor.compute_log_prob(batch).batch["old_log_probs"]
     assert torch.isfinite(lp).all()

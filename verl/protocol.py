@@ -36,6 +36,7 @@ from verl.utils import tensordict_utils as tu
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "BatchData",
     "DataProto",
     "DataProtoConfig",
     "DataProtoFuture",
@@ -43,9 +44,13 @@ __all__ = [
     "WorkerCallError",
     "all_gather_data_proto",
     "collate_fn",
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
     "fold_batch_dim",
     "list_of_dict_to_dict_of_list",
     "pad_dataproto_to_divisor",
+    "serialize_single_tensor",
+    "serialize_tensordict",
     "union_numpy_dict",
     "union_tensor_dict",
     "unfold_batch_dim",
@@ -158,20 +163,13 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _as_list(value: Any, where: str) -> list:
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, np.ndarray):
-        return value.reshape(-1).tolist()
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().reshape(-1).tolist()
-    if isinstance(value, (int, float, bool, str, np.generic)) or value is None:
-        return [value.item() if isinstance(value, np.generic) else value]
-    raise TypeError(f"{where} has type {type(value).__name__}; metric values must be numbers, strings or 1-D sequences")
-
-
 def _merge_metrics(into: dict[str, list], metrics: Any, part: int) -> None:
-    """Append one part's metrics (a dict, or a list of dicts) to `into` as flat lists."""
+    """Append one part's metrics to `into`: ``name -> [value of part 0, value of part 1, ...]``.
+
+    As upstream, each part's value is ONE entry, whatever it is (a worker's list of per-micro-batch
+    values stays a list inside the list); a part whose metrics are a list of dicts contributes one
+    entry per dict. `reduce_metrics` averages over all the numbers inside.
+    """
     if metrics is None:
         return
     if isinstance(metrics, (list, tuple)):
@@ -181,15 +179,16 @@ def _merge_metrics(into: dict[str, list], metrics: Any, part: int) -> None:
     if not isinstance(metrics, dict):
         raise TypeError(f"meta_info['metrics'] of part {part} must be a dict or a list of dicts, got {type(metrics).__name__}")
     for name, value in metrics.items():
-        into.setdefault(name, []).extend(_as_list(value, f"meta_info['metrics'][{name!r}] of part {part}"))
+        into.setdefault(name, []).append(value)
 
 
 def _merge_meta_info(metas: Sequence[dict]) -> dict:
     """Merge the meta_info of concatenated parts.
 
-    ``metrics`` (dict name -> value or list, or a list of such dicts) become one dict of flat lists
-    holding every part's values in part order. Any other key must be equal in every part that has
-    it (kept once); differing values raise ValueError naming the key.
+    ``metrics`` (a dict name -> value, or a list of such dicts, per part) become one dict
+    ``name -> list`` with one entry per part (per dict) in part order, as upstream. Any other key
+    must be equal in every part that has it (kept once); differing values raise ValueError naming
+    the key.
     """
     merged: dict[str, Any] = {}
     origin: dict[str, int] = {}
@@ -197,13 +196,14 @@ def _merge_meta_info(metas: Sequence[dict]) -> dict:
     for part, meta in enumerate(metas):
         for key, value in meta.items():
             if key == "metrics":
-                metrics = {} if metrics is None else metrics
-                _merge_metrics(metrics, value, part)
+                if value is not None:  # upstream skips a part's None metrics
+                    metrics = {} if metrics is None else metrics
+                    _merge_metrics(metrics, value, part)
             elif key not in merged:
                 merged[key], origin[key] = value, part
             elif not _values_equal(merged[key], value):
-                raise ValueError(
-                    f"cannot concat DataProtos: meta_info[{key!r}] is {_short(merged[key])} in part {origin[key]} "
+                raise tu.ProtocolError(
+                    f"Conflicting values for meta_info key '{key}': cannot concat DataProtos, meta_info[{key!r}] is {_short(merged[key])} in part {origin[key]} "
                     f"but {_short(value)} in part {part}; make the workers agree (e.g. reduce it) or pop it before concat"
                 )
     if metrics is not None:
@@ -236,7 +236,10 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
     for key, val in tensor_dict2.items():
         if key in tensor_dict1:
             if not isinstance(val, np.ndarray) or not _values_equal(tensor_dict1[key], val):
-                raise ValueError(f"non-tensor key {key!r} is in both dicts with different values; union refuses to overwrite it")
+                raise tu.ProtocolError(
+                    f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. The non-tensor key {key!r} holds "
+                    "different values in the two dicts; union refuses to overwrite it"
+                )
         else:
             tensor_dict1[key] = val
     return tensor_dict1
@@ -245,37 +248,55 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
 def _union_meta(meta1: dict, meta2: dict) -> dict:
     for key, val in meta2.items():
         if key in meta1 and not _values_equal(meta1[key], val):
-            raise ValueError(f"meta_info key {key!r} differs between the two DataProtos ({_short(meta1[key])} vs {_short(val)})")
+            raise tu.ProtocolError(
+                f"{key} in meta_dict1 and meta_dict2 are not the same object: meta_info key {key!r} differs between the "
+                f"two DataProtos ({_short(meta1[key])} vs {_short(val)})"
+            )
         meta1[key] = val
     return meta1
 
 
-def _mini_batch_indices(n: int, mini_batch_size: int, epochs: int, seed: int | None, dataloader_kwargs: dict | None) -> Iterator[slice | np.ndarray]:
-    """Row selections for `make_iterator`: slices in order, or index arrays when shuffling."""
+def _collate_indices(rows: list) -> np.ndarray:
+    return np.asarray(rows, dtype=np.int64)
+
+
+_RESERVED_LOADER_KWARGS = ("dataset", "batch_size", "collate_fn", "generator")
+
+
+def _mini_batch_indices(n: int, mini_batch_size: int, epochs: int, seed: int | None, dataloader_kwargs: dict | None) -> Iterator[np.ndarray]:
+    """Row numbers of each mini-batch for `make_iterator`, epoch after epoch.
+
+    The order comes from a `torch.utils.data.DataLoader` over ``range(n)`` with ``batch_size=
+    mini_batch_size``, the given `dataloader_kwargs` (``shuffle``, ``drop_last``, ``sampler``...)
+    and, when `seed` is set, one ``torch.Generator`` seeded once and shared by all epochs. That
+    is how upstream draws it, so the same seed gives the same mini-batches as upstream.
+    """
+    from torch.utils.data import DataLoader
+
     kwargs = dict(dataloader_kwargs or {})
-    shuffle = bool(kwargs.pop("shuffle", False))
-    drop_last = bool(kwargs.pop("drop_last", False))
-    if kwargs:
-        raise ValueError(f"unsupported dataloader_kwargs {sorted(kwargs)}; supported: ['drop_last', 'shuffle']")
+    reserved = [k for k in _RESERVED_LOADER_KWARGS if k in kwargs]
+    if reserved:
+        raise ValueError(f"dataloader_kwargs must not set {reserved}: make_iterator sets them itself")
     if not isinstance(mini_batch_size, int) or mini_batch_size <= 0:
         raise ValueError(f"mini_batch_size must be a positive int, got {mini_batch_size!r}")
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
-    if n % mini_batch_size != 0 and not drop_last:
-        raise ValueError(f"{n} rows do not divide into mini-batches of {mini_batch_size}; pass dataloader_kwargs={{'drop_last': True}} to drop the remainder")
+    if n % mini_batch_size != 0 and not kwargs.get("drop_last", False):
+        raise tu.ProtocolError(f"{n} % {mini_batch_size} != 0: {n} rows do not divide into mini-batches of {mini_batch_size}; pass dataloader_kwargs={{'drop_last': True}} to drop the remainder")
     generator = None
     if seed is not None:
         generator = torch.Generator()
         generator.manual_seed(seed)
-    n_full = n - n % mini_batch_size
+    loader = DataLoader(range(n), batch_size=mini_batch_size, collate_fn=_collate_indices, generator=generator, **kwargs)
     for _ in range(epochs):
-        if shuffle:
-            perm = torch.randperm(n, generator=generator).numpy()
-            for start in range(0, n_full, mini_batch_size):
-                yield perm[start : start + mini_batch_size]
-        else:
-            for start in range(0, n_full, mini_batch_size):
-                yield slice(start, start + mini_batch_size)
+        yield from loader
+
+
+def _as_slice(idx: np.ndarray) -> slice | None:
+    """`idx` as a slice when it is a run of consecutive rows (so the mini-batch can be a view)."""
+    if idx.size and np.array_equal(idx, np.arange(idx[0], idx[0] + idx.size)):
+        return slice(int(idx[0]), int(idx[0]) + idx.size)
+    return None
 
 
 # ----------------------------------------------------------------------------- DataProtoItem
@@ -432,6 +453,23 @@ class DataProto:
         array_bytes = sum(v.nbytes for v in self.non_tensor_batch.values())
         print(f"{prefix}size of tensordict: {tensor_bytes / 1024**3:.6f} GB, size of non_tensor_batch: {array_bytes / 1024**3:.6f} GB")
 
+    def print_summary(self, desc: str) -> None:
+        """Print the meta_info values, the tensors' shapes and dtypes and the non-tensor entries'
+        shapes and element types, between start/end markers naming `desc`."""
+        print(f"--- start of {desc} ---")
+        for key, val in self.meta_info.items():
+            if isinstance(val, list):
+                print(f"meta_info: {key}: len={len(val)}, first={val[:10]}")
+            else:
+                print(f"meta_info: {key}: {val}")
+        if self.batch is not None:
+            for key, tensor in self.batch.items():
+                print(f"batch field(tensor): {key}, tensor_size: {tuple(tensor.shape)}, dtype: {tensor.dtype}")
+        for key, arr in self.non_tensor_batch.items():
+            first = type(arr[0]).__name__ if len(arr) else "-"
+            print(f"non_tensor_batch field (numpy array): {key}, array (size: {arr.shape}), type: {first}")
+        print(f"--- end of {desc} ---")
+
     # ------------------------------------------------------------------ construction
 
     @classmethod
@@ -467,7 +505,7 @@ class DataProto:
             auto_padding: allow uneven chunking of this batch (see `DataProtoConfig`).
         """
         if num_batch_dims != 1:
-            raise ValueError(f"DataProto supports exactly one batch dimension, got num_batch_dims={num_batch_dims}")
+            raise tu.ProtocolError(f"only support num_batch_dims=1: DataProto has exactly one batch dimension, got num_batch_dims={num_batch_dims}")
         tensors = tensors or {}
         non_tensors = non_tensors or {}
         meta_info = dict(meta_info or {})
@@ -638,7 +676,7 @@ class DataProto:
         """Add `other`'s keys to self in place (equal row counts; a shared key must hold equal
         values, else ValueError naming it) and return self."""
         if len(self) != len(other) and (self.batch is not None or self.non_tensor_batch) and (other.batch is not None or other.non_tensor_batch):
-            raise ValueError(f"cannot union DataProtos of {len(self)} and {len(other)} rows")
+            raise tu.ProtocolError(f"Two tensor dict must have identical batch size: cannot union DataProtos of {len(self)} and {len(other)} rows")
         if self.batch is None:
             self.batch = other.batch
         elif other.batch is not None:
@@ -653,12 +691,16 @@ class DataProto:
     def make_iterator(self, mini_batch_size: int, epochs: int, seed: int | None = None, dataloader_kwargs: dict | None = None) -> Iterator[DataProto]:
         """Yield mini-batches of `mini_batch_size` rows, `epochs` times over the data.
 
-        ``dataloader_kwargs`` accepts ``shuffle`` (a new permutation each epoch, reproducible with
-        `seed`) and ``drop_last``; without ``drop_last`` the row count must divide evenly. Every
-        mini-batch carries this DataProto's meta_info.
+        ``dataloader_kwargs`` go to the `torch.utils.data.DataLoader` that draws the row order
+        (``shuffle``: a new permutation each epoch, reproducible with `seed` and the same as
+        upstream's for that seed; ``drop_last``; a ``sampler``...). Without ``drop_last`` the row
+        count must divide evenly. Every mini-batch carries this DataProto's meta_info, and its
+        non-tensor entries are object arrays (as upstream's collate makes them).
         """
         for idx in _mini_batch_indices(len(self), mini_batch_size, epochs, seed, dataloader_kwargs):
-            part = self[idx.start : idx.stop] if isinstance(idx, slice) else self.select_idxs(idx)
+            run = _as_slice(idx)
+            part = self.slice(run.start, run.stop) if run is not None else self.select_idxs(idx)
+            part.non_tensor_batch = {k: v if v.dtype == object else v.astype(object) for k, v in part.non_tensor_batch.items()}
             part.meta_info = self.meta_info
             yield part
 
@@ -678,20 +720,25 @@ class DataProto:
         self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
 
     def chunk(self, chunks: int) -> list[DataProto]:
-        """Split into exactly `chunks` consecutive views.
+        """Split into exactly `chunks` consecutive views (each carries this meta_info).
 
-        The row count must divide evenly unless padding is enabled (`is_padding_enabled`); then
-        the sizes differ by at most one, larger pieces first.
+        The row count must divide evenly unless padding is enabled (`is_padding_enabled`). Uneven
+        sizes are upstream's: with a tensor batch they are `TensorDict.chunk`'s (every piece
+        ``ceil(n / chunks)`` rows, the last ones shorter: 10 rows in 4 -> 3, 3, 3, 1); without one,
+        `np.array_split`'s (10 in 4 -> 3, 3, 2, 2). Where `TensorDict.chunk` would return fewer
+        than `chunks` pieces (5 rows in 4 -> 2, 2, 1), upstream fails; here the missing trailing
+        pieces are empty, so piece i can always go to worker i.
         """
         if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0:
             raise ValueError(f"chunks must be a positive int, got {chunks!r}")
         n = len(self)
         if n % chunks != 0 and not self.is_padding_enabled():
-            raise ValueError(
+            raise tu.ProtocolError(
+                f"only support equal chunk. Got size of DataProto {n} and chunk {chunks}: "
                 f"a DataProto of {n} rows cannot be split into {chunks} equal chunks; pad it first "
                 f"(pad_dataproto_to_divisor) or enable auto padding (DataProtoConfig.auto_padding = True)"
             )
-        bounds = tu._even_bounds(n, chunks)
+        bounds = tu._chunk_bounds(n, chunks) if self.batch is not None else tu._even_bounds(n, chunks)
         return [self.slice(int(bounds[i]), int(bounds[i + 1])) for i in range(chunks)]
 
     def split(self, split_size: int) -> list[DataProto]:
@@ -766,6 +813,17 @@ class DataProto:
         n = len(self)
 
         def unfold(key, val):
+            if key in split_keys and isinstance(val, np.ndarray) and val.ndim == 1 and val.dtype == object:
+                # one Python sequence per row (e.g. a list of labels): cut each into n_split parts
+                out = np.empty(n * n_split, dtype=object)
+                for i, row in enumerate(val):
+                    items = list(row)
+                    if len(items) % n_split != 0:
+                        raise ValueError(f"row {i} of {key!r} has {len(items)} items, not divisible by n_split={n_split}")
+                    k = len(items) // n_split
+                    for j in range(n_split):
+                        out[i * n_split + j] = items[j * k : (j + 1) * k]
+                return out
             if key in split_keys:
                 if val.shape[1] % n_split != 0:
                     raise ValueError(f"dim 1 of {key!r} has size {val.shape[1]}, not divisible by n_split={n_split}")
@@ -836,6 +894,62 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
         batch = TensorDict(tensors, batch_size=[rows], device=data.batch.device)
     non_tensor = {k: flat(v) for k, v in data.non_tensor_batch.items()}
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
+
+
+def serialize_single_tensor(obj: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """A tensor as plain data: ``(dtype name without "torch.", shape, flat uint8 numpy view of the
+    bytes)``. Tensors off the CPU are copied to host memory first; the device is not recorded."""
+    t = obj.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    data = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+    return str(t.dtype).removeprefix("torch."), tuple(t.shape), data
+
+
+def deserialize_single_tensor(arr: Any) -> torch.Tensor:
+    """Inverse of `serialize_single_tensor` (the bytes are copied, so the tensor is writable)."""
+    dtype_name, shape, data = arr
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {dtype_name!r} in serialized tensor")
+    raw = bytearray(memoryview(data).cast("B")) if not isinstance(data, (bytes, bytearray)) else bytearray(data)
+    if not raw:
+        return torch.empty(tuple(shape), dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(tuple(shape))
+
+
+def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None, dict[str, tuple]]:
+    """A TensorDict of tensors as plain data: ``(batch_size, device or None, {key: encoding})``.
+
+    A strided tensor is encoded by `serialize_single_tensor` (a 3-tuple); a nested tensor as
+    ``(layout name, [3-tuple per row])``. Non-tensor entries are not supported (TypeError naming
+    the key): pickle the TensorDict itself for those.
+    """
+    items: dict[str, tuple] = {}
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"serialize_tensordict: entry {key!r} is a {type(value).__name__}; only tensors can be serialized this way")
+        if value.is_nested:
+            items[key] = (str(value.layout).removeprefix("torch."), [serialize_single_tensor(row) for row in value.unbind()])
+        else:
+            items[key] = serialize_single_tensor(value)
+    device = str(batch.device) if batch.device is not None else None
+    return tuple(batch.batch_size), device, items
+
+
+def deserialize_tensordict(arr: Any) -> TensorDict:
+    """Inverse of `serialize_tensordict`."""
+    batch_size, device, items = arr
+    decoded: dict[str, torch.Tensor] = {}
+    for key, enc in items.items():
+        if len(enc) == 3:
+            decoded[key] = deserialize_single_tensor(enc)
+        elif len(enc) == 2:
+            layout_name, rows = enc
+            decoded[key] = torch.nested.as_nested_tensor([deserialize_single_tensor(r) for r in rows], layout=getattr(torch, layout_name))
+        else:
+            raise ValueError(f"Invalid tensor encoding format for {key!r}, expected length 2 or 3, got {len(enc)}")
+    return TensorDict(source=decoded, batch_size=batch_size, device=device)
 
 
 def collate_fn(x: list[DataProtoItem]) -> DataProto:
@@ -997,11 +1111,74 @@ class DataProtoFuture:
     def get(self, timeout: float | None = None) -> DataProto:
         """Wait for the outputs and combine them; a failed producer raises WorkerCallError naming it."""
         outputs = _ray_get_labeled(self.futures, self.labels, timeout)
+        as_tensordict = bool(outputs) and all(isinstance(o, TensorDictBase) for o in outputs)
         for i, out in enumerate(outputs):
-            if not isinstance(out, DataProto):
+            if not isinstance(out, DataProto) and not as_tensordict:
                 who = self.labels[i].text if self.labels else f"result {i}"
-                raise TypeError(f"{who} returned a {type(out).__name__}, but a DataProtoFuture needs DataProto outputs")
-        result = self.collect_fn(outputs)
+                raise TypeError(f"{who} returned a {type(out).__name__}, but a DataProtoFuture needs DataProto (or all TensorDict) outputs")
+        # TensorDict outputs (upstream's "protocol v2" workers) are concatenated the tensordict way
+        result = tu.concat_tensordict(outputs) if as_tensordict else self.collect_fn(outputs)
         if self.dispatch_fn is not None:
             result = self.dispatch_fn(result)
         return result
+
+
+# ----------------------------------------------------------------------------- BatchData
+
+
+class BatchData:
+    """Uniform view of what a dispatch passes to or collects from workers.
+
+    Wraps one value (``BatchData(x).chunk(n)``: a `DataProto`, `DataProtoFuture` or `TensorDict`
+    split into `n` parts for `n` workers) or a list of worker outputs (``BatchData(outputs).concat()``:
+    DataProtos, TensorDicts, or Ray object refs of DataProtos, which become a `DataProtoFuture`).
+    Upstream's single-controller code uses these four methods; so can a custom dispatch mode.
+    """
+
+    def __init__(self, data: Any):
+        self.data = data
+
+    def is_chunkable(self) -> bool:
+        """True for a DataProto, DataProtoFuture or TensorDict."""
+        return isinstance(self.data, (DataProto, DataProtoFuture, TensorDictBase))
+
+    def chunk(self, chunks: int) -> list:
+        """`chunks` consecutive parts of the wrapped value (see `DataProto.chunk`)."""
+        if isinstance(self.data, (DataProto, DataProtoFuture)):
+            return self.data.chunk(chunks=chunks)
+        if isinstance(self.data, TensorDictBase):
+            return tu.chunk_tensordict(self.data, chunks)
+        raise TypeError(f"BatchData.chunk: a {type(self.data).__name__} is not chunkable (expected DataProto, DataProtoFuture or TensorDict)")
+
+    def _kind(self) -> str | None:
+        items = self.data
+        if not isinstance(items, (list, tuple)) or not items:
+            return None
+        if all(isinstance(o, DataProto) for o in items):
+            return "dataproto"
+        if all(isinstance(o, TensorDictBase) for o in items):
+            return "tensordict"
+        try:
+            import ray
+
+            if all(isinstance(o, ray.ObjectRef) for o in items):
+                return "refs"
+        except ImportError:  # pragma: no cover - ray is a dependency
+            pass
+        return None
+
+    def is_concatable(self) -> bool:
+        """True for a non-empty list of DataProtos, of TensorDicts, or of Ray object refs."""
+        return self._kind() is not None
+
+    def concat(self) -> Any:
+        """Concatenate the wrapped list (DataProto.concat / concat_tensordict / DataProtoFuture.concat)."""
+        kind = self._kind()
+        if kind == "dataproto":
+            return DataProto.concat(list(self.data))
+        if kind == "tensordict":
+            return tu.concat_tensordict(list(self.data))
+        if kind == "refs":
+            return DataProtoFuture.concat(list(self.data))
+        types = sorted({type(o).__name__ for o in self.data}) if isinstance(self.data, (list, tuple)) else [type(self.data).__name__]
+        raise TypeError(f"BatchData.concat needs a non-empty list of DataProto, TensorDict or ray.ObjectRef, got {types}")

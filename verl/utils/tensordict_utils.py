@@ -24,19 +24,35 @@ from tensordict.tensorclass import NonTensorData, NonTensorStack
 
 logger = logging.getLogger(__name__)
 
+
+class ProtocolError(ValueError, AssertionError):
+    """A data-layer contract is broken: two TensorDicts / DataProtos disagree where they must
+    agree (a union or concat conflict, different row counts), or a batch cannot be split as asked.
+
+    Upstream signals these cases with ``assert`` (AssertionError); this error is both a
+    ValueError and an AssertionError, so code written against either keeps working. Messages
+    start with upstream's words and then say what to do.
+    """
+
 __all__ = [
     "assign_non_tensor",
     "assign_non_tensor_data",
     "assign_non_tensor_stack",
     "assert_tensordict_eq",
     "chunk_tensordict",
+    "concat_nested_tensors",
     "concat_tensordict",
+    "concat_tensordict_with_none_bsz",
+    "contiguous",
     "get",
     "get_keys",
     "get_non_tensor_data",
     "get_tensordict",
     "index_select_tensor_dict",
+    "list_of_dict_to_tensordict",
     "make_iterator",
+    "maybe_fix_3d_position_ids",
+    "nested_tensor_from_tensor_list",
     "pad_to_divisor",
     "pop",
     "pop_keys",
@@ -109,17 +125,19 @@ def get_tensordict(tensor_dict: dict[str, torch.Tensor | list], non_tensor_dict:
             if val.is_nested and not val.is_contiguous():
                 raise ValueError(f"nested tensor {key!r} must be contiguous (build it with layout=torch.jagged)")
             rows = val.size(0)
-        elif isinstance(val, list):
+        elif isinstance(val, (list, np.ndarray)):
             if any(isinstance(v, torch.Tensor) for v in val):
                 raise ValueError(f"list {key!r} holds torch.Tensor items; a per-row list must hold plain Python/numpy objects")
             rows = len(val)
             val = NonTensorStack.from_list([NonTensorData(item) for item in val])
         else:
-            raise ValueError(f"entry {key!r} has type {type(val).__name__}; expected torch.Tensor, list or NonTensorStack")
+            raise ValueError(f"entry {key!r} has type {type(val).__name__}; expected torch.Tensor, list, np.ndarray or NonTensorStack")
+        if isinstance(val, torch.Tensor) and val.is_nested and val.layout != torch.jagged:
+            raise ValueError(f"nested tensor {key!r} must have layout=torch.jagged, got {val.layout}")
         if batch_size is None:
             batch_size, first_key = rows, key
         elif rows != batch_size:
-            raise ValueError(f"entry {key!r} has {rows} rows but {first_key!r} has {batch_size}")
+            raise ProtocolError(f"entry {key!r} has {rows} rows but {first_key!r} has {batch_size}")
         source[key] = val
     for key, val in non_tensor_dict.items():
         if key in source:
@@ -184,48 +202,142 @@ def _sort_entry(key: str, value: Any, tensors: dict, non_tensors: dict) -> None:
 # ----------------------------------------------------------------------------- batch operations
 
 
+def _ragged_idx(t: torch.Tensor) -> int:
+    return int(getattr(t, "_ragged_idx", t.dim() - 1))
+
+
+def nested_tensor_from_tensor_list(tensors: list[torch.Tensor], ragged_idx: int | None = None) -> torch.Tensor:
+    """A jagged nested tensor whose rows are `tensors` (each of the same ndim ``k``).
+
+    `ragged_idx` is the nested tensor's ragged dimension (1-based over the nested shape, i.e. row
+    dimension ``ragged_idx - 1`` varies between rows); default ``k``, the last one. Rows [4, L_i]
+    (mRoPE position ids) give shape ``[B, 4, j]`` with ragged_idx 2; rows [L_i, 64] with
+    ragged_idx 1 give ``[B, j, 64]``.
+    """
+    if not tensors:
+        raise ValueError("nested_tensor_from_tensor_list needs at least one tensor")
+    k = tensors[0].dim()
+    ragged_idx = k if ragged_idx is None else ragged_idx
+    if not 1 <= ragged_idx <= k:
+        raise ValueError(f"ragged_idx must be in [1, {k}], got {ragged_idx}")
+    if k == 1:
+        return torch.nested.as_nested_tensor(list(tensors), layout=torch.jagged)
+    dim = ragged_idx - 1
+    values = torch.cat(list(tensors), dim=dim)
+    lengths = torch.tensor([t.shape[dim] for t in tensors], dtype=torch.long, device=values.device)
+    offsets = torch.zeros(len(tensors) + 1, dtype=torch.long, device=values.device)
+    torch.cumsum(lengths, dim=0, out=offsets[1:])
+    return torch.nested.nested_tensor_from_jagged(values=values, offsets=offsets, jagged_dim=ragged_idx)
+
+
+def _nested_rows(t: torch.Tensor) -> list[torch.Tensor]:
+    """The rows of a jagged nested tensor (via its offsets: unbind is unreliable for 3-D+)."""
+    offsets = t.offsets()
+    dim = _ragged_idx(t) - 1
+    values = t.values()  # the ragged dimension is values' dimension ragged_idx - 1
+    rows = []
+    for i in range(offsets.numel() - 1):
+        start, stop = int(offsets[i]), int(offsets[i + 1])
+        rows.append(values.narrow(dim, start, stop - start))
+    return rows
+
+
 def concat_nested_tensors(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenate 2-D jagged nested tensors along the batch dimension."""
+    """Concatenate jagged nested tensors (2-D or more, contiguous) along the batch dimension;
+    the result keeps the first tensor's ragged dimension."""
     rows: list[torch.Tensor] = []
     for i, t in enumerate(tensors):
-        if not (t.is_nested and t.is_contiguous() and t.dim() == 2):
-            raise ValueError(f"tensor {i} must be a contiguous 2-D nested tensor, got nested={t.is_nested} dim={t.dim()}")
-        rows.extend(t.unbind(0))
-    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+        if not (t.is_nested and t.is_contiguous()):
+            raise ValueError(f"tensor {i} must be a contiguous jagged nested tensor, got nested={t.is_nested}")
+        if t.dim() < 2:
+            raise ValueError(f"nested tensor must have 2 or more dimensions. Got {tuple(t.shape)}")
+        rows.extend(_nested_rows(t))
+    return nested_tensor_from_tensor_list(rows, ragged_idx=_ragged_idx(tensors[0]))
+
+
+def concat_tensordict_with_none_bsz(data: list[TensorDict]) -> TensorDict:
+    """Concatenation of TensorDicts without a batch dimension (batch-wide values only): the
+    first one, as upstream (its values win)."""
+    for i, d in enumerate(data):
+        if len(d.batch_size) != 0:
+            raise ProtocolError(f"TensorDict {i} has batch_size {tuple(d.batch_size)}; expected [] for every part")
+    return data[0]
 
 
 def concat_tensordict(data: list[TensorDict]) -> TensorDict:
-    """Concatenate TensorDicts along dim 0; jagged nested tensors are concatenated row-wise.
+    """Concatenate TensorDicts along dim 0 (the inputs are not modified).
 
-    Raises ValueError when the list is empty or the TensorDicts do not have the same keys.
+    Tensors are concatenated, jagged nested tensors row-wise (`concat_nested_tensors`), per-row
+    `NonTensorStack`s joined; a batch-wide `NonTensorData` keeps the first part's value (as
+    upstream). TensorDicts without a batch dimension give the first one.
+
+    Raises ValueError (also an AssertionError, as upstream's asserts) when the list is empty or
+    the TensorDicts do not have the same keys.
     """
     if not data:
-        raise ValueError("concat_tensordict needs at least one TensorDict")
+        raise ProtocolError("concat_tensordict needs at least one TensorDict")
     keys0 = set(data[0].keys())
     for i, td in enumerate(data[1:], start=1):
         if set(td.keys()) != keys0:
-            raise ValueError(f"TensorDict {i} has keys {sorted(td.keys())} but TensorDict 0 has {sorted(keys0)}")
+            raise ProtocolError(f"TensorDict {i} has keys {sorted(td.keys())} but TensorDict 0 has {sorted(keys0)}")
+    if len(data[0].batch_size) == 0:
+        return concat_tensordict_with_none_bsz(data)
+    # batch-wide values keep part 0's value (upstream's contract); recent tensordict versions
+    # would otherwise turn differing values into a per-row stack
+    batch_wide = {k: data[0].get(k) for k in data[0].keys() if isinstance(data[0].get(k), NonTensorData)}
+    if batch_wide:
+        data = [TensorDict({k: td.get(k) for k in td.keys() if k not in batch_wide}, batch_size=td.batch_size, device=td.device) for td in data]
+        out = concat_tensordict(data)
+        for key, value in batch_wide.items():
+            out[key] = NonTensorData(value.data)
+        return out
     nested = {k for k, v in data[0].items() if isinstance(v, torch.Tensor) and v.is_nested}
     if not nested:
         return torch.cat(data, dim=0)
-    regular = [TensorDict({k: v for k, v in td.items() if k not in nested}, batch_size=td.batch_size, device=td.device) for td in data]
+    for i, td in enumerate(data[1:], start=1):
+        mine = {k for k, v in td.items() if isinstance(v, torch.Tensor) and v.is_nested}
+        if mine != nested:
+            raise ProtocolError(f"TensorDict {i} has nested tensors {sorted(mine)} but TensorDict 0 has {sorted(nested)}")
+    regular = [TensorDict({k: td.get(k) for k in td.keys() if k not in nested}, batch_size=td.batch_size, device=td.device) for td in data]
     out = torch.cat(regular, dim=0)
-    for key in nested:
-        out[key] = concat_nested_tensors([td[key] for td in data])
+    for key in sorted(nested):
+        out[key] = concat_nested_tensors([td.get(key) for td in data])
     return out
 
 
 def chunk_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
-    """Split along dim 0 into exactly `chunks` views whose sizes differ by at most one.
+    """Split along dim 0 into exactly `chunks` pieces whose sizes differ by at most one (larger
+    first; trailing pieces may be empty), so the i-th piece can be sent to worker i.
 
-    Unlike `torch.chunk`, this always returns `chunks` pieces (trailing ones may be empty), so
-    the i-th piece can be sent to worker i.
+    Nested (jagged) tensors are rebuilt per piece from their rows, keeping their ragged
+    dimension (upstream works around the same torch bug: ``unbind`` of 3-D jagged tensors).
+    Upstream requires ``len(td) % chunks == 0``; for such sizes both give the same pieces.
     """
     if not isinstance(chunks, int) or chunks <= 0:
         raise ValueError(f"chunks must be a positive int, got {chunks!r}")
     n = td.batch_size[0]
     bounds = _even_bounds(n, chunks)
-    return [td[int(bounds[i]) : int(bounds[i + 1])] for i in range(chunks)]
+    nested = {k for k, v in td.items() if isinstance(v, torch.Tensor) and v.is_nested}
+    if not nested:
+        return [td[int(bounds[i]) : int(bounds[i + 1])] for i in range(chunks)]
+    regular = TensorDict({k: td.get(k) for k in td.keys() if k not in nested}, batch_size=td.batch_size, device=td.device)
+    pieces = [regular[int(bounds[i]) : int(bounds[i + 1])] for i in range(chunks)]
+    for key in sorted(nested):
+        nt = td.get(key)
+        rows = _nested_rows(nt)
+        for i, piece in enumerate(pieces):
+            part = rows[int(bounds[i]) : int(bounds[i + 1])]
+            if part:
+                piece[key] = nested_tensor_from_tensor_list(part, ragged_idx=_ragged_idx(nt))
+    return pieces
+
+
+def _chunk_bounds(n: int, chunks: int) -> np.ndarray:
+    """Cut points of `TensorDict.chunk` / `torch.chunk`: pieces of ``ceil(n / chunks)`` rows,
+    the last shorter; padded with empty pieces up to `chunks` (torch returns fewer pieces)."""
+    size = -(-n // chunks) if n else 0
+    cuts = [min(i * size, n) for i in range(chunks + 1)]
+    return np.asarray(cuts, dtype=np.int64)
 
 
 def _even_bounds(n: int, chunks: int) -> np.ndarray:
@@ -247,7 +359,9 @@ def index_select_tensor_dict(batch: TensorDict | None, indices: torch.Tensor | l
     out = {}
     for key, value in batch.items():
         if isinstance(value, torch.Tensor) and value.is_nested:
-            out[key] = torch.nested.as_nested_tensor([value[int(i)] for i in indices], layout=torch.jagged)
+            rows = _nested_rows(value)
+            picked = [rows[int(i)] for i in indices]
+            out[key] = nested_tensor_from_tensor_list(picked, ragged_idx=_ragged_idx(value)) if picked else value[0:0]
         elif isinstance(value, NonTensorData):
             out[key] = value.data
         else:
@@ -268,7 +382,10 @@ def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> Ten
     silently overwrites data.
     """
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise ValueError(f"cannot union TensorDicts with batch sizes {tuple(tensor_dict1.batch_size)} and {tuple(tensor_dict2.batch_size)}")
+        raise ProtocolError(
+            f"Two tensor dict must have identical batch size. Got {tensor_dict1.batch_size} and {tensor_dict2.batch_size}: "
+            f"cannot union TensorDicts with batch sizes {tuple(tensor_dict1.batch_size)} and {tuple(tensor_dict2.batch_size)}"
+        )
     keys1 = set(tensor_dict1.keys())
     for key in tensor_dict2.keys():
         value2 = tensor_dict2.get(key)
@@ -281,7 +398,10 @@ def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> Ten
         else:
             same = _plain(value1) == _plain(value2)
         if not same:
-            raise ValueError(f"key {key!r} is in both TensorDicts with different values; union refuses to overwrite it")
+            raise ProtocolError(
+                f"{key} in tensor_dict1 and tensor_dict2 are not the same object: key {key!r} is in both TensorDicts "
+                "with different values; union refuses to overwrite it"
+            )
     return tensor_dict1
 
 
@@ -311,7 +431,7 @@ def make_iterator(tensordict: TensorDict, mini_batch_size: int, epochs: int, see
 
     n = tensordict.batch_size[0]
     for idx in _mini_batch_indices(n, mini_batch_size, epochs, seed, dataloader_kwargs):
-        yield tensordict[idx] if isinstance(idx, slice) else tensordict[torch.from_numpy(idx)]
+        yield index_select_tensor_dict(tensordict, torch.from_numpy(idx))
 
 
 def assert_tensordict_eq(tensordict1: TensorDict, tensordict2: TensorDict) -> None:
@@ -330,7 +450,62 @@ def assert_tensordict_eq(tensordict1: TensorDict, tensordict2: TensorDict) -> No
             else:
                 assert v1.shape == v2.shape and torch.equal(v1, v2), f"{key!r}: tensors differ"
         else:
-            assert _plain(v1) == _plain(v2), f"{key!r}: values differ"
+            from verl.protocol import _values_equal  # deferred: verl.protocol imports this module
+
+            assert _values_equal(_plain(v1), _plain(v2)), f"{key!r}: values differ"
+
+
+def contiguous(data: TensorDict) -> TensorDict:
+    """A new TensorDict with every tensor made contiguous (so `consolidate` works); per-row
+    stacks and batch-wide values are carried over unchanged (tensordict's own `contiguous`
+    would turn batch-wide values into per-row stacks)."""
+    tensors: dict[str, Any] = {}
+    non_tensors: dict[str, Any] = {}
+    for key in data.keys():
+        val = data.get(key)
+        if isinstance(val, NonTensorData):
+            non_tensors[key] = val
+        elif isinstance(val, NonTensorStack):
+            tensors[key] = val
+        elif isinstance(val, torch.Tensor):
+            tensors[key] = val.contiguous()
+        else:
+            raise TypeError(f"contiguous: entry {key!r} is a {type(val).__name__}; expected a tensor, NonTensorStack or NonTensorData")
+    return get_tensordict(tensors, non_tensors)
+
+
+def maybe_fix_3d_position_ids(data: TensorDict) -> None:
+    """Restore ragged dimension 2 of a 3-D nested ``position_ids`` ([B, 4, j], mRoPE), which a
+    consolidate + pickle round trip can lose (the same repair as upstream)."""
+    if "position_ids" in data.keys():
+        pos = data.get("position_ids")
+        if isinstance(pos, torch.Tensor) and pos.is_nested and pos.dim() == 3:
+            pos._ragged_idx = 2
+
+
+def list_of_dict_to_tensordict(list_of_dicts: list[dict[str, Any]]) -> TensorDict:
+    """One TensorDict of ``len(list_of_dicts)`` rows from per-row dicts (keys of the first).
+
+    Per key: 0-d tensors are stacked into a [B] tensor; other tensors become a jagged nested
+    tensor (always, even when the shapes happen to agree, so consumers can rely on `offsets()`);
+    anything else a `NonTensorStack`.
+    """
+    if not list_of_dicts:
+        raise ValueError("list_of_dict_to_tensordict needs at least one dict")
+    keys = list(list_of_dicts[0].keys())
+    for i, d in enumerate(list_of_dicts):
+        missing = [k for k in keys if k not in d]
+        if missing:
+            raise KeyError(f"dict {i} lacks keys {missing} that dict 0 has")
+
+    def pack(values: list):
+        if values and all(isinstance(v, torch.Tensor) for v in values):
+            if all(v.dim() == 0 for v in values):
+                return torch.stack(values)
+            return nested_tensor_from_tensor_list(values)
+        return NonTensorStack(*values)
+
+    return TensorDict({k: pack([d[k] for d in list_of_dicts]) for k in keys}, batch_size=[len(list_of_dicts)])
 
 
 # ----------------------------------------------------------------------------- serialisation

@@ -1,6 +1,7 @@
 """Backend-neutral controller pieces: `Worker`, `WorkerGroup`, `ResourcePool`, `ClassWithInitArgs`."""
 
+from verl.single_controller.base.decorator import Dispatch, Execute, register
 from verl.single_controller.base.worker import Worker
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
 
-__all__ = ["ClassWithInitArgs", "ResourcePool", "Worker", "WorkerGroup"]
+__all__ = ["ClassWithInitArgs", "Dispatch", "Execute", "ResourcePool", "Worker", "WorkerGroup", "register"]

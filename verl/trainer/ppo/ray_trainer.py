@@ -44,6 +44,7 @@ from omegaconf import OmegaConf, open_dict
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.core_algos import AdvantageEstimator  # noqa: F401 - upstream users import it from here
 from verl.trainer.ppo.checkpoint import (
     TRAINER_STATE_FILE,
     find_latest_ckpt_path,

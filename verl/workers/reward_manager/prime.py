@@ -122,3 +122,78 @@ class PrimeRewardManager(AbstractRewardManager):
             return res.get(timeout=0)
         except Exception as exc:  # noqa: BLE001
             return ScoreError(exc)
+
+
+# ------------------------------------------------------------------------------------------
+# upstream's module-level helpers (asyncio + a process pool), for user code that calls them
+
+
+async def single_compute_score(evaluation_func, completion, reference, task, task_extra_info, executor, timeout=300.0):
+    """``evaluation_func(task, completion, reference, task_extra_info)`` in `executor`; None when
+    it raises or takes longer than `timeout` seconds (the row then scores 0.0)."""
+    import asyncio
+    from functools import partial
+
+    loop = asyncio.get_running_loop()
+    try:
+        future = loop.run_in_executor(executor, partial(evaluation_func, task, completion, reference, task_extra_info))
+        return await asyncio.wait_for(future, timeout=timeout)
+    except TimeoutError:
+        print(f"[Timeout] Task timeout: {str(completion)[:80]}")
+        return None
+    except Exception as exc:  # noqa: BLE001 - a failed row scores 0, as upstream
+        print(f"[Error] Task failed: {exc}, completion: {str(completion)[:80]}")
+        return None
+
+
+async def parallel_compute_score_async(evaluation_func, completions, references, tasks, extra_info=None, num_processes=64):
+    """Score row i as ``evaluation_func(tasks[i], completions[i], references[i], extra_info[i])``
+    in a pool of `num_processes` processes (300 s per row). Returns one float per row: 0.0 for
+    failed or timed-out rows, ``float(result)`` for numbers, ``float(result[0])`` for tuples.
+    The pool's processes are terminated at the end, so a stuck call cannot outlive the batch."""
+    import asyncio
+    from concurrent.futures import ProcessPoolExecutor
+
+    if extra_info is None:
+        extra_info = [None] * len(tasks)
+    if not (len(completions) == len(references) == len(tasks) == len(extra_info)):
+        raise ValueError(f"parallel_compute_score_async: lengths differ (completions={len(completions)}, references={len(references)}, "
+                         f"tasks={len(tasks)}, extra_info={len(extra_info)})")
+    executor = ProcessPoolExecutor(max_workers=num_processes)
+    try:
+        results = await asyncio.gather(*[
+            single_compute_score(evaluation_func, c, r, t, e, executor, timeout=300.0)
+            for c, r, t, e in zip(completions, references, tasks, extra_info)
+        ])
+    finally:
+        processes = list(getattr(executor, "_processes", {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in processes:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+    scores = []
+    for res in results:
+        if res is None or isinstance(res, Exception):
+            scores.append(0.0)
+        elif isinstance(res, (int, float, bool)):
+            scores.append(float(res))
+        elif isinstance(res, dict):
+            scores.append(float(res["score"]))
+        else:
+            scores.append(float(res[0]))
+    return scores
+
+
+def run_reward_scoring(evaluation_func, completions, references, tasks, extra_info=None, num_processes=64):
+    """Synchronous wrapper of `parallel_compute_score_async` (runs its own event loop)."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(parallel_compute_score_async(evaluation_func, completions, references, tasks, extra_info, num_processes))
+    finally:
+        loop.close()
