@@ -79,7 +79,7 @@ class ActorConfig(BaseConfig):
     # lr 3e-5 suits the embedded 1M-parameter model; 7B-class models use ~1e-6
     optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=3e-5))
     fsdp_config: FSDPEngineConfig = field(default_factory=FSDPEngineConfig)
-    checkpoint: dict = field(default_factory=lambda: {"save_contents": ["model", "optimizer", "extra"]})
+    checkpoint: dict = field(default_factory=lambda: {"save_contents": ["model", "optimizer", "extra"], "save_lora_only": False})
     # ignored in this implementation (upstream Ulysses); must stay 1
     ulysses_sequence_parallel_size: int = 1
 

@@ -40,7 +40,7 @@ class CriticConfig(BaseConfig):
     grad_clip: float = 1.0
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
-    checkpoint: dict = field(default_factory=lambda: {"save_contents": ["model", "optimizer", "extra"]})
+    checkpoint: dict = field(default_factory=lambda: {"save_contents": ["model", "optimizer", "extra"], "save_lora_only": False})
     ulysses_sequence_parallel_size: int = 1
 
     def __post_init__(self):
