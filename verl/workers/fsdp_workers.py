@@ -55,7 +55,10 @@ from verl.utils.fsdp_utils import (
 )
 from verl.utils.import_utils import import_external_libs, import_external_libs_from_env
 from verl.utils.model import (
+    apply_lora,
     build_causal_lm,
+    count_parameters,
+    is_peft_model,
     build_reward_model,
     build_value_model,
     compute_position_id_with_mask,
@@ -150,8 +153,14 @@ class _OffloadMixin:
             offload_fsdp_optimizer(optimizer)
 
 
-def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, device_name: str, world_size: int, train: bool):
-    """Load with `builder`, optionally enable gradient checkpointing, move to the device, shard."""
+def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, device_name: str, world_size: int, train: bool,
+                      lora_task: str | None = None):
+    """Load with `builder`, optionally enable gradient checkpointing, move to the device, shard.
+
+    `lora_task` (a peft task type) with `train` and `model_config.use_lora`: the model is wrapped
+    in a peft LoRA adapter before sharding (frozen base, trainable adapter; see `apply_lora`).
+    FSDP2 shards every parameter on its own, so frozen and trainable ones share a unit.
+    """
     module = builder(
         path,
         override_config=model_config.override_config,
@@ -164,6 +173,10 @@ def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, d
             module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if train and lora_task is not None and model_config.use_lora:
+        module = apply_lora(module, model_config, task_type=lora_task)
+        trainable, total = count_parameters(module)
+        logger.info("LoRA: %d of %d parameters trainable (%.3f%%)", trainable, total, 100.0 * trainable / max(total, 1))
     if device_name == "cuda":
         module.to(torch.device("cuda", torch.cuda.current_device()))
     if not train:
@@ -270,7 +283,8 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             )
 
         if self._is_actor:
-            self.actor_module = _build_fsdp_model(build_causal_lm, path, self.model_config, fsdp_cfg, self.device_name, self.world_size, train=True)
+            self.actor_module = _build_fsdp_model(build_causal_lm, path, self.model_config, fsdp_cfg, self.device_name, self.world_size, train=True,
+                                                  lora_task="CAUSAL_LM")
             self.actor_optimizer = build_optimizer(self.actor_module.parameters(), self.actor_config.optim)
             self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, self.actor_config.optim)
             self.actor = DataParallelPPOActor(
@@ -290,6 +304,10 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             )
         if self._is_rollout:
             self.rollout = self._build_rollout(path)
+        if self._is_ref and self._ref_from_actor():
+            # LoRA: the reference policy is the frozen base, i.e. the actor with its adapter
+            # switched off (compute_ref_log_prob); no second copy of the model
+            self._is_ref = False
         if self._is_ref:
             ref_fsdp = self.ref_config.fsdp_config
             self.ref_module = _build_fsdp_model(build_causal_lm, path, self.model_config, ref_fsdp, self.device_name, self.world_size, train=False)
@@ -305,6 +323,11 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             self._offload(self.actor_module, self.actor_optimizer, fsdp_cfg)
         if self._is_ref:
             self._offload(self.ref_module, None, self.ref_config.fsdp_config)
+
+    def _ref_from_actor(self) -> bool:
+        """True when this worker's actor is a peft LoRA model: its reference log-probs are the
+        actor's with the adapter disabled."""
+        return self.actor_module is not None and is_peft_model(self.actor_module)
 
     def _build_rollout(self, path: str):
         from verl.workers.rollout.base import get_rollout_class
@@ -442,13 +465,27 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """`ref_log_prob` [b, R] of the responses under the frozen reference policy."""
+        rc = self.ref_config
+        if self.ref_policy is None and self._ref_from_actor():
+            return self._lora_ref_log_prob(data)
         if self.ref_policy is None:
             raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
-        rc = self.ref_config
         data = self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
         self._load_to_device(self.ref_module, None, rc.fsdp_config)
         log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         self._offload(self.ref_module, None, rc.fsdp_config)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+    def _lora_ref_log_prob(self, data: DataProto) -> DataProto:
+        """`ref_log_prob` [b, R] from the LoRA actor with its adapter disabled (= the frozen base
+        model the adapter was put on; with `lora_adapter_path`, the base without that adapter).
+        Micro-batching follows `ref.log_prob_*`."""
+        rc = self.ref_config
+        data = self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
+        self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
+        with self.actor_module.disable_adapter():
+            log_probs, _ = self.actor.compute_log_prob(data, calculate_entropy=False)
+        self._offload(self.actor_module, None, self.actor_config.fsdp_config)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -537,7 +574,8 @@ class CriticWorker(Worker, _OffloadMixin):
         path = resolve_model_path(mc.path)
         self.tokenizer = hf_tokenizer(mc.tokenizer_path or path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template)
         fsdp_cfg = self.config.fsdp_config
-        self.critic_module = _build_fsdp_model(build_value_model, path, mc, fsdp_cfg, self.device_name, self.world_size, train=True)
+        self.critic_module = _build_fsdp_model(build_value_model, path, mc, fsdp_cfg, self.device_name, self.world_size, train=True,
+                                               lora_task="TOKEN_CLS")
         self.critic_optimizer = build_optimizer(self.critic_module.parameters(), self.config.optim)
         self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, self.config.optim)
         self.critic = DataParallelPPOCritic(

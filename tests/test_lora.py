@@ -1,0 +1,181 @@
+"""LoRA (peft) on the FSDP workers: config keys, frozen base + trainable adapter, exactness at
+init, the reference policy from the actor with its adapter disabled, world size 1 and 2."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from test_workers import _grpo_like_advantages, make_config, prompt_batch
+from test_workers_common import build_tiny_llama
+
+from verl.protocol import DataProto
+
+peft = pytest.importorskip("peft")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)
+    path = build_tiny_llama(str(tmp_path_factory.mktemp("tiny_lora")))
+    return path, AutoTokenizer.from_pretrained(path)
+
+
+def lora_config(path, rank=4, **overrides):
+    base = {"actor_rollout_ref.model.lora_rank": rank, "actor_rollout_ref.model.lora_alpha": 8,
+            "actor_rollout_ref.actor.optim.lr": 1e-2}
+    base.update(overrides)
+    return make_config(path, **base)
+
+
+def build_actor(cfg, role="actor_rollout"):
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    worker = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role=role)
+    worker.init_model()
+    return worker
+
+
+def rollout_batch(worker, tok):
+    out = worker.generate_sequences(prompt_batch(tok))
+    batch = DataProto.from_dict(tensors=dict(out.batch.items()), non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)})
+    _grpo_like_advantages(batch)
+    return batch
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def test_lora_keys_are_validated():
+    from verl.workers.config import HFModelConfig
+
+    assert not HFModelConfig().use_lora
+    assert HFModelConfig(lora_rank=8).use_lora and HFModelConfig(lora_adapter_path="/x").use_lora
+    with pytest.raises(ValueError, match="lora_rank"):
+        HFModelConfig(lora_rank=-1)
+    with pytest.raises(ValueError, match="target_modules"):
+        HFModelConfig(lora_rank=8, target_modules=3)
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['actor_rollout_ref.model.lora.rank'\]"):
+        from verl.utils.config import omega_conf_to_dataclass
+
+        omega_conf_to_dataclass({"lora": {"rank": 8}}, HFModelConfig, _path="actor_rollout_ref.model")
+
+
+def test_all_linear_targets_every_linear_layer_but_the_head(tiny):
+    from verl.utils.model import apply_lora, build_causal_lm, count_parameters
+    from verl.workers.config import HFModelConfig
+
+    path, _ = tiny
+    model = apply_lora(build_causal_lm(path), HFModelConfig(path=path, lora_rank=2, target_modules="all-linear"))
+    adapted = {n.rsplit(".lora_A", 1)[0].split("base_model.model.", 1)[1] for n, _ in model.named_parameters() if ".lora_A." in n}
+    # 2 layers x (q, k, v, o, gate, up, down); lm_head stays a plain frozen Linear
+    assert len(adapted) == 14 and not any("lm_head" in a for a in adapted)
+    trainable, total = count_parameters(model)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert all(".lora_A." in n or ".lora_B." in n for n in names)
+    # hidden 32, intermediate 64, kv heads 2 x head dim 8 = 16, r = 2: sum of r * (in + out) per layer
+    per_layer = 2 * ((32 + 32) + (32 + 16) + (32 + 16) + (32 + 32) + 2 * (32 + 64) + (64 + 32))
+    assert trainable == 2 * per_layer
+    excluded = apply_lora(build_causal_lm(path), HFModelConfig(path=path, lora_rank=2, target_modules=["q_proj", "v_proj"],
+                                                               exclude_modules=["model.layers.1.self_attn.v_proj"]))
+    kept = {n.split(".lora_A")[0] for n, _ in excluded.named_parameters() if ".lora_A." in n}
+    assert len(kept) == 3 and not any("layers.1.self_attn.v_proj" in k for k in kept)
+    assert total > trainable
+
+
+# -- actor at world size 1 ----------------------------------------------------------------------
+
+
+def test_lora_actor_is_exact_at_init_trains_only_the_adapter_and_refs_from_the_base(tiny):
+    path, tok = tiny
+    base_worker = build_actor(make_config(path))
+    worker = build_actor(lora_config(path), role="actor_rollout_ref")
+    assert worker.ref_policy is None and worker.ref_module is None  # no second model
+    batch = rollout_batch(worker, tok)
+    base_lp = base_worker.compute_log_prob(batch).batch["old_log_probs"]
+    lora_lp = worker.compute_log_prob(batch).batch["old_log_probs"]
+    assert torch.equal(lora_lp, base_lp)  # B = 0: bitwise the base model
+
+    trainable = {n for n, p in worker.actor_module.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    optim_params = {id(p) for g in worker.actor_optimizer.param_groups for p in g["params"]}
+    assert optim_params == {id(p) for p in worker.actor_module.parameters() if p.requires_grad}
+    frozen_before = {n: p.detach().clone() for n, p in worker.actor_module.named_parameters() if not p.requires_grad}
+
+    batch = batch.union(DataProto.from_dict(tensors={"old_log_probs": lora_lp}))
+    worker.update_actor(batch)
+    for n, p in worker.actor_module.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(p, frozen_before[n]), n
+    after = worker.compute_log_prob(batch).batch["old_log_probs"]
+    mask = batch.batch["response_mask"].bool()
+    assert (after - base_lp)[mask].abs().max() > 1e-3  # the adapter moved the policy
+
+    # reference = actor with the adapter off = a separate reference worker on the base model
+    ref = worker.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    separate = build_actor(lora_config(path), role="ref")
+    assert separate.ref_policy is not None and separate.actor is None
+    sep = separate.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    assert float((ref - sep).abs().max()) == 0.0
+    assert torch.equal(ref, base_lp)
+
+
+# -- world size 2 -------------------------------------------------------------------------------
+
+
+def _ws2_worker(rank: int, port: int, path: str, out_dir: str):
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "LOCAL_RANK": str(rank)})
+    torch.set_num_threads(1)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    worker = build_actor(lora_config(path), role="actor_rollout_ref")
+    batch = torch.load(os.path.join(out_dir, "batch.pt"), weights_only=False)
+    lo, hi = rank * 4, rank * 4 + 4
+    part = batch[lo:hi]
+    init_lp = worker.compute_log_prob(part).batch["old_log_probs"]
+    part = part.union(DataProto.from_dict(tensors={"old_log_probs": init_lp}))
+    worker.update_actor(part)
+    after = worker.compute_log_prob(part).batch["old_log_probs"]
+    ref = worker.compute_ref_log_prob(part).batch["ref_log_prob"]
+    gen = worker.generate_sequences(prompt_batch(tok)[lo:hi])
+    torch.save({"init": init_lp, "after": after, "ref": ref, "gen_keys": sorted(gen.batch.keys())}, os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def test_lora_actor_world_size_2_equals_world_size_1(tiny, tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    path, tok = tiny
+    ws1 = build_actor(lora_config(path))
+    base = build_actor(make_config(path))
+    batch = rollout_batch(ws1, tok)
+    torch.save(batch, tmp_path / "batch.pt")
+    base_lp = base.compute_log_prob(batch).batch["old_log_probs"]
+    init = ws1.compute_log_prob(batch).batch["old_log_probs"]
+    # the trainer splits a batch over ranks; an update at world size 2 sees both halves, so the
+    # world-size-1 reference update sees the whole batch
+    ws1.update_actor(batch.union(DataProto.from_dict(tensors={"old_log_probs": init})))
+    after1 = ws1.compute_log_prob(batch).batch["old_log_probs"]
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_ws2_worker, args=(port, path, str(tmp_path)), nprocs=2, join=True)
+    parts = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    init2 = torch.cat([p["init"] for p in parts])
+    assert torch.equal(init2, base_lp)  # exact at init under FSDP2 too
+    ref2 = torch.cat([p["ref"] for p in parts])
+    assert torch.equal(ref2, base_lp)  # adapter disabled = base, after the update
+    after2 = torch.cat([p["after"] for p in parts])
+    mask = batch.batch["response_mask"].bool()
+    assert (after2 - init2)[mask].abs().max() > 1e-3
+    torch.testing.assert_close(after2, after1, atol=1e-5, rtol=0)
+    assert "responses" in parts[0]["gen_keys"]
