@@ -77,6 +77,14 @@ def need_reference_policy(config: Any) -> bool:
     )
 
 
+def reference_in_actor(config: Any) -> bool:
+    """Whether the reference log-probs come from the actor with its LoRA adapter disabled (no
+    reference worker): the actor trains an adapter (`actor_rollout_ref.model.lora_rank > 0` or a
+    `lora_adapter_path`), so its frozen base is the reference. Upstream's `ref_in_actor`."""
+    rank = _get(config, "actor_rollout_ref.model.lora_rank", 0) or 0
+    return int(rank) > 0 or _get(config, "actor_rollout_ref.model.lora_adapter_path") is not None
+
+
 def need_reward_model(config: Any) -> bool:
     return bool(_get(config, "reward_model.enable", False))
 
