@@ -144,7 +144,13 @@ def _ws2_worker(rank: int, port: int, path: str, out_dir: str):
     after = worker.compute_log_prob(part).batch["old_log_probs"]
     ref = worker.compute_ref_log_prob(part).batch["ref_log_prob"]
     gen = worker.generate_sequences(prompt_batch(tok)[lo:hi])
-    torch.save({"init": init_lp, "after": after, "ref": ref, "gen_keys": sorted(gen.batch.keys())}, os.path.join(out_dir, f"rank{rank}.pt"))
+    from verl.utils.fsdp_utils import fsdp_version, get_lora_merged_state_dict
+
+    assert fsdp_version(worker.actor_module) == 2
+    merged = get_lora_merged_state_dict(worker.actor_module, rank0_only=True)
+    assert (len(merged) > 0) == (rank == 0)
+    torch.save({"init": init_lp, "after": after, "ref": ref, "gen_keys": sorted(gen.batch.keys()), "merged": merged},
+               os.path.join(out_dir, f"rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
 
@@ -179,3 +185,52 @@ def test_lora_actor_world_size_2_equals_world_size_1(tiny, tmp_path):
     assert (after2 - init2)[mask].abs().max() > 1e-3
     torch.testing.assert_close(after2, after1, atol=1e-5, rtol=0)
     assert "responses" in parts[0]["gen_keys"]
+    from verl.utils.fsdp_utils import get_lora_merged_state_dict
+
+    merged1 = get_lora_merged_state_dict(ws1.actor_module)
+    assert sorted(parts[0]["merged"]) == sorted(merged1)
+    for key, value in merged1.items():
+        torch.testing.assert_close(parts[0]["merged"][key], value, atol=1e-6, rtol=0)
+
+
+# -- rollout weight sync ------------------------------------------------------------------------
+
+
+def test_shared_hf_rollout_generates_with_the_adapter_model(tiny):
+    path, tok = tiny
+    worker = build_actor(lora_config(path))
+    assert worker.rollout.shares_weights_with(worker.actor_module)
+    assert type(worker.rollout.module).__name__ == "PeftModelForCausalLM"
+    batch = rollout_batch(worker, tok)
+    batch.meta_info["use_current_as_old_log_prob"] = True
+    worker.update_actor(batch)
+    out = worker.generate_sequences(prompt_batch(tok))
+    assert "metrics" not in out.meta_info  # nothing to sync: the rollout is the actor
+    lp = worker.compute_log_prob(DataProto.from_dict(tensors=dict(out.batch.items()))).batch["old_log_probs"]
+    mask = out.batch["response_mask"].bool()
+    assert (lp - out.batch["rollout_log_probs"])[mask].abs().max() < 1e-5
+
+
+def test_lora_merge_syncs_merged_weights_into_a_plain_copy_and_checks_them(tiny):
+    from verl.utils.fsdp_utils import get_lora_merged_state_dict
+
+    path, tok = tiny
+    worker = build_actor(lora_config(path, **{"actor_rollout_ref.model.lora.merge": True}))
+    assert not worker.rollout.shares_weights_with(worker.actor_module)
+    assert type(worker.rollout.module).__name__ == "LlamaForCausalLM"  # no adapter layers
+    batch = rollout_batch(worker, tok)
+    batch.meta_info["use_current_as_old_log_prob"] = True
+    worker.update_actor(batch)
+    out = worker.generate_sequences(prompt_batch(tok))
+    assert out.meta_info["metrics"]["rollout/weight_sync_max_logp_diff"] < 1e-5
+    merged = get_lora_merged_state_dict(worker.actor_module)
+    rollout_sd = worker.rollout.module.state_dict()
+    assert sorted(merged) == sorted(rollout_sd)
+    assert all(torch.equal(merged[k], rollout_sd[k]) for k in merged)
+    # the merged weights differ from the base exactly where there is an adapter
+    base = build_actor(make_config(path)).actor_module.state_dict()
+    changed = {k for k in merged if not torch.equal(merged[k], base[k])}
+    assert changed and all(any(m in k for m in ("_proj",)) for k in changed)
+    lp = worker.compute_log_prob(DataProto.from_dict(tensors=dict(out.batch.items()))).batch["old_log_probs"]
+    mask = out.batch["response_mask"].bool()
+    assert (lp - out.batch["rollout_log_probs"])[mask].abs().max() < 1e-5

@@ -47,6 +47,7 @@ from verl.utils.fsdp_utils import (
     cpu_has_fast_bf16,
     create_device_mesh,
     get_full_state_dict,
+    get_lora_merged_state_dict,
     load_fsdp_model_to_gpu,
     load_fsdp_optimizer,
     offload_fsdp_model_to_cpu,
@@ -338,6 +339,8 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         engine_kwargs = dict((cfg.engine_kwargs or {}).get(cfg.name, {}) or {})
         if cls is HFRollout:
             separate = bool(engine_kwargs.get("separate_copy", False)) or self.actor_module is None
+            # LoRA with lora.merge: generate from merged weights in a copy without adapter layers
+            separate = separate or (self._ref_from_actor() and self.model_config.lora.merge)
             if not separate:
                 return HFRollout(self.actor_module, cfg, compute_dtype=self.compute_dtype)
             # a separate, unsharded copy (standalone rollout role, or e.g. a bf16 copy for speed)
@@ -378,7 +381,11 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         if self._synced_version == self._weights_version:
             return {}
         start = time.perf_counter()
-        state = get_full_state_dict(self.actor_module, rank0_only=False)  # collective
+        if is_peft_model(self.actor_module):
+            # the engine has no adapter layers: it gets W + (alpha/r) B A under the plain names
+            state = get_lora_merged_state_dict(self.actor_module, rank0_only=False)  # collective
+        else:
+            state = get_full_state_dict(self.actor_module, rank0_only=False)  # collective
         self.rollout.update_weights(state)
         del state
         probe = self._probe()
