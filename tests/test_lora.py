@@ -143,6 +143,11 @@ def _ws2_worker(rank: int, port: int, path: str, out_dir: str):
     worker.update_actor(part)
     after = worker.compute_log_prob(part).batch["old_log_probs"]
     ref = worker.compute_ref_log_prob(part).batch["ref_log_prob"]
+    # adapter-only checkpoint at world size 2: move away, restore, same policy
+    worker.save_checkpoint(os.path.join(out_dir, "ckpt_ws2"), global_step=1)
+    worker.update_actor(part)
+    worker.load_checkpoint(os.path.join(out_dir, "ckpt_ws2"))
+    assert torch.equal(worker.compute_log_prob(part).batch["old_log_probs"], after)
     gen = worker.generate_sequences(prompt_batch(tok)[lo:hi])
     from verl.utils.fsdp_utils import fsdp_version, get_lora_merged_state_dict
 
@@ -185,6 +190,10 @@ def test_lora_actor_world_size_2_equals_world_size_1(tiny, tmp_path):
     assert (after2 - init2)[mask].abs().max() > 1e-3
     torch.testing.assert_close(after2, after1, atol=1e-5, rtol=0)
     assert "responses" in parts[0]["gen_keys"]
+    # the world-size-2 checkpoint resumes in one process
+    restored = build_actor(lora_config(path))
+    restored.load_checkpoint(str(tmp_path / "ckpt_ws2"))
+    torch.testing.assert_close(restored.compute_log_prob(batch).batch["old_log_probs"], after2, atol=1e-6, rtol=0)
     from verl.utils.fsdp_utils import get_lora_merged_state_dict
 
     merged1 = get_lora_merged_state_dict(ws1.actor_module)
@@ -234,3 +243,73 @@ def test_lora_merge_syncs_merged_weights_into_a_plain_copy_and_checks_them(tiny)
     lp = worker.compute_log_prob(DataProto.from_dict(tensors=dict(out.batch.items()))).batch["old_log_probs"]
     mask = out.batch["response_mask"].bool()
     assert (lp - out.batch["rollout_log_probs"])[mask].abs().max() < 1e-5
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+
+
+def test_checkpoint_has_a_peft_adapter_and_a_merged_export_that_contain_the_update(tiny, tmp_path):
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    path, tok = tiny
+    worker = build_actor(lora_config(path, rank=4))
+    batch = rollout_batch(worker, tok)
+    batch.meta_info["use_current_as_old_log_prob"] = True
+    worker.update_actor(batch)
+    ckpt = tmp_path / "ckpt"
+    worker.save_checkpoint(str(ckpt), global_step=1)
+    adapter_cfg = json.loads((ckpt / "lora_adapter" / "adapter_config.json").read_text())
+    assert adapter_cfg["r"] == 4 and adapter_cfg["lora_alpha"] == 8 and adapter_cfg["peft_type"] == "LORA"
+    assert (ckpt / "lora_adapter" / "adapter_model.safetensors").is_file()
+    meta = json.loads((ckpt / "checkpoint_meta.json").read_text())
+    assert meta["lora"] == {"adapter_dir": "lora_adapter", "save_lora_only": False}
+
+    ids = batch.batch["input_ids"][:4]
+    mask = batch.batch["attention_mask"][:4]
+    with torch.no_grad():
+        actor_logits = worker.actor_module(input_ids=ids, attention_mask=mask).logits
+        base_logits = AutoModelForCausalLM.from_pretrained(path)(input_ids=ids, attention_mask=mask).logits
+        # peft loads the adapter onto a fresh base: the actor's function exactly
+        loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path), str(ckpt / "lora_adapter"))
+        assert torch.equal(loaded(input_ids=ids, attention_mask=mask).logits, actor_logits)
+        # the merged export is a plain transformers model that really contains the adapter
+        merged = AutoModelForCausalLM.from_pretrained(str(ckpt / "huggingface"))
+        merged_logits = merged(input_ids=ids, attention_mask=mask).logits
+    assert type(merged).__name__ == "LlamaForCausalLM"
+    assert float((merged_logits - actor_logits).abs().max()) < 1e-5
+    assert float((base_logits - actor_logits).abs().max()) > 1e-3
+
+
+def test_adapter_only_checkpoint_resumes_exactly(tiny, tmp_path):
+    path, tok = tiny
+    cfg = lora_config(path, **{"actor_rollout_ref.actor.checkpoint.save_lora_only": True})
+    straight = build_actor(cfg)
+    batch = rollout_batch(straight, tok)
+    batch.meta_info["use_current_as_old_log_prob"] = True
+    straight.update_actor(batch)
+    ckpt = tmp_path / "ckpt"
+    straight.save_checkpoint(str(ckpt), global_step=1)
+    assert not (ckpt / "huggingface").exists()  # adapter only: no merged export
+    assert (ckpt / "lora_adapter" / "adapter_model.safetensors").is_file()
+    m2 = straight.update_actor(batch).meta_info["metrics"]
+    expected = straight.compute_log_prob(batch).batch["old_log_probs"]
+
+    resumed = build_actor(cfg)  # a fresh process would build the same base + a new adapter
+    resumed.load_checkpoint(str(ckpt))
+    r2 = resumed.update_actor(batch).meta_info["metrics"]
+    got = resumed.compute_log_prob(batch).batch["old_log_probs"]
+    assert torch.equal(got, expected)
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/lr"):
+        assert r2[key] == m2[key], key
+
+
+def test_full_checkpoint_cannot_be_resumed_by_a_lora_actor(tiny, tmp_path):
+    path, _ = tiny
+    full = build_actor(make_config(path))
+    full.save_checkpoint(str(tmp_path / "full"), global_step=1)
+    worker = build_actor(lora_config(path))
+    with pytest.raises(FileNotFoundError, match="LoRA checkpoint weights"):
+        worker.load_checkpoint(str(tmp_path / "full"))
