@@ -313,3 +313,47 @@ def test_full_checkpoint_cannot_be_resumed_by_a_lora_actor(tiny, tmp_path):
     worker = build_actor(lora_config(path))
     with pytest.raises(FileNotFoundError, match="LoRA checkpoint weights"):
         worker.load_checkpoint(str(tmp_path / "full"))
+
+
+# -- critic -------------------------------------------------------------------------------------
+
+
+def test_lora_critic_trains_adapter_and_value_head_and_resumes(tiny, tmp_path):
+    import json
+
+    from test_workers_common import PROMPTS, RESPONSES, make_batch
+
+    from verl.workers.fsdp_workers import CriticWorker
+
+    path, tok = tiny
+    cfg = make_config(path, **{"critic.model.lora_rank": 4, "critic.model.lora_alpha": 8, "critic.optim.lr": 1e-2})
+    worker = CriticWorker(config=cfg.critic)
+    worker.init_model()
+    trainable = {n for n, p in worker.critic_module.named_parameters() if p.requires_grad}
+    heads = {n for n in trainable if ".lora_" not in n}
+    assert heads == {"base_model.model.score.modules_to_save.default.weight", "base_model.model.score.modules_to_save.default.bias"}
+    tensors = make_batch(tok, PROMPTS, RESPONSES, prompt_len=8, resp_len=6)
+    batch = DataProto.from_dict(tensors=tensors)
+    values = worker.compute_values(batch).batch["values"]
+    batch.batch["values"] = values
+    batch.batch["returns"] = torch.ones_like(values) * tensors["response_mask"]
+    losses = [worker.update_critic(batch).meta_info["metrics"]["critic/vf_loss"][0] for _ in range(4)]
+    assert losses[-1] < losses[0]
+    worker.save_checkpoint(str(tmp_path / "critic"), global_step=1)
+    saved = json.loads((tmp_path / "critic" / "lora_adapter" / "adapter_config.json").read_text())
+    assert saved["r"] == 4 and saved["task_type"] == "TOKEN_CLS"
+    expected = worker.compute_values(batch).batch["values"]
+    fresh = CriticWorker(config=cfg.critic)
+    fresh.init_model()
+    fresh.load_checkpoint(str(tmp_path / "critic"))
+    assert torch.equal(fresh.compute_values(batch).batch["values"], expected)  # adapter + value head restored
+
+
+def test_reward_model_rejects_lora_keys(tiny):
+    from verl.workers.fsdp_workers import RewardModelWorker
+
+    path, _ = tiny
+    cfg = make_config(path, **{"reward_model.enable": True, "reward_model.model.path": path, "reward_model.model.lora_rank": 4})
+    worker = RewardModelWorker(config=cfg.reward_model)
+    with pytest.raises(ValueError, match="reward_model.model.lora_rank=4"):
+        worker.init_model()

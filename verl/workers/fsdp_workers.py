@@ -671,6 +671,11 @@ class RewardModelWorker(Worker, _OffloadMixin):
         mc = self.config.model
         if mc.path is None:
             raise ValueError("reward_model.enable=True needs reward_model.model.path: a sequence-classification reward model directory")
+        if mc.use_lora:
+            raise ValueError(
+                f"reward_model.model.lora_rank={mc.lora_rank} / lora_adapter_path={mc.lora_adapter_path!r}: the reward model is "
+                "frozen and takes no adapter; merge a LoRA reward model into its base first (PeftModel.merge_and_unload)"
+            )
         self.rm_tokenizer = hf_tokenizer(mc.tokenizer_path or mc.path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template)
         # the policy's tokenizer (null = the embedded default policy, as the yaml interpolates the
         # actor's model.path); responses are re-templated only when it differs from the RM's
