@@ -41,7 +41,7 @@ from verl.utils.fsdp_utils import (
     load_full_state_dict,
 )
 
-__all__ = ["FSDPCheckpointManager"]
+__all__ = ["FSDPCheckpointManager", "save_lora_adapter", "load_lora_adapter"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _adapter_key_map(model) -> dict[str, str]:
     return {file_key: keys[int(t)] for file_key, t in picked.items()}
 
 
-def _save_lora_adapter(model, state_dict: dict[str, torch.Tensor], out_dir: str, processing_class=None) -> None:
+def save_lora_adapter(model, state_dict: dict[str, torch.Tensor], out_dir: str, processing_class=None) -> None:
     """Write the adapter in peft's format (what `PeftModel.from_pretrained(base, out_dir)` reads)."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
@@ -125,7 +125,7 @@ def _save_lora_adapter(model, state_dict: dict[str, torch.Tensor], out_dir: str,
         processing_class.save_pretrained(out_dir)
 
 
-def _load_lora_adapter(model, in_dir: str) -> None:
+def load_lora_adapter(model, in_dir: str) -> None:
     """Load `in_dir/adapter_model.safetensors` into the adapter of `model` (every rank passes
     the full tensors; FSDP2 keeps its shards). Every adapter weight must be in the file."""
     from safetensors.torch import load_file
@@ -177,7 +177,7 @@ class FSDPCheckpointManager(BaseCheckpointManager):
             if "model" in contents:
                 state_dict = get_full_state_dict(self.model)  # collective
                 if self.rank == 0:
-                    _save_lora_adapter(self.model, state_dict, os.path.join(staging, LORA_DIR), self.processing_class)
+                    save_lora_adapter(self.model, state_dict, os.path.join(staging, LORA_DIR), self.processing_class)
                 del state_dict
             if "hf_model" in contents or not self.save_lora_only:
                 merged = get_lora_merged_state_dict(self.model)  # collective
@@ -262,7 +262,7 @@ class FSDPCheckpointManager(BaseCheckpointManager):
 
         if contents & {"model", "hf_model"} and _is_peft(self.model):
             # the base is frozen and was built from model.path; only the adapter is restored
-            _load_lora_adapter(self.model, os.path.join(local_path, LORA_DIR))
+            load_lora_adapter(self.model, os.path.join(local_path, LORA_DIR))
         elif contents & {"model", "hf_model"}:
             state_dict = _load_hf_weights(os.path.join(local_path, HF_DIR))
             load_full_state_dict(self.model, state_dict)
