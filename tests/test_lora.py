@@ -357,3 +357,56 @@ def test_reward_model_rejects_lora_keys(tiny):
     worker = RewardModelWorker(config=cfg.reward_model)
     with pytest.raises(ValueError, match="reward_model.model.lora_rank=4"):
         worker.init_model()
+
+
+class _OwnWeightsEngine:
+    """Stands in for vLLM on CPU: built from the model path (its own weights, no adapter layers),
+    receives the actor's weights by Hugging Face name at every sync."""
+
+    def __init__(self, model_path, config, tokenizer=None, trust_remote_code=False):
+        from verl.utils.model import build_causal_lm
+        from verl.workers.rollout.hf_rollout import HFRollout
+
+        self.inner = HFRollout(build_causal_lm(model_path).requires_grad_(False), config, owns_module=True)
+        self.received: list[list[str]] = []
+
+    def shares_weights_with(self, module):
+        return False
+
+    def update_weights(self, weights):
+        self.received.append(sorted(weights))
+        self.inner.update_weights(weights)
+
+    def generate_sequences(self, prompts):
+        return self.inner.generate_sequences(prompts)
+
+    def probe_log_probs(self, *args):
+        return self.inner.probe_log_probs(*args)
+
+    def release(self):
+        pass
+
+    def resume(self):
+        pass
+
+
+def test_an_engine_with_its_own_weights_gets_merged_plain_named_weights(tiny):
+    """The vLLM code path (vLLM itself cannot run here): merged weights under the base model's
+    names, verified by the sync check after every update."""
+    from verl.workers.rollout.base import ROLLOUT_REGISTRY
+
+    path, tok = tiny
+    ROLLOUT_REGISTRY["lora_test_engine"] = _OwnWeightsEngine
+    try:
+        worker = build_actor(lora_config(path, **{"actor_rollout_ref.rollout.name": "lora_test_engine"}))
+        batch = rollout_batch(worker, tok)
+        batch.meta_info["use_current_as_old_log_prob"] = True
+        worker.update_actor(batch)
+        out = worker.generate_sequences(prompt_batch(tok))
+        assert out.meta_info["metrics"]["rollout/weight_sync_max_logp_diff"] < 1e-5
+        engine = worker.rollout
+        assert len(engine.received) == 2
+        plain = sorted(engine.inner.module.state_dict())
+        assert engine.received[-1] == plain and not any("lora_" in k or "base_layer" in k for k in plain)
+    finally:
+        ROLLOUT_REGISTRY.pop("lora_test_engine", None)

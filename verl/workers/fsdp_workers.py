@@ -351,6 +351,10 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
                 module.to(torch.device("cuda", torch.cuda.current_device()))
             owned_dtype = torch_dtype_from_name(dtype)
             return HFRollout(module, cfg, compute_dtype=None if owned_dtype != torch.float32 else self.compute_dtype, owns_module=True)
+        if self._ref_from_actor():
+            # an engine with its own weights (vLLM) has no adapter layers here: every sync sends
+            # W + delta_W (vLLM's own LoRA path, which would send only the adapter, is not used)
+            logger.info("LoRA with rollout.name=%s: the engine receives merged weights at every weight sync", cfg.name)
         return cls(model_path=path, config=cfg, tokenizer=self.tokenizer, trust_remote_code=self.model_config.trust_remote_code)
 
     # -- weight sync ------------------------------------------------------------------------------
