@@ -59,3 +59,17 @@ def test_grpo_lora_kl_from_the_disabled_adapter_and_exact_adapter_only_resume(ra
         assert comparable(first[step]) == comparable(straight[step])
     for step in (3, 4):
         assert comparable(resumed[step]) == comparable(straight[step]), step
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ppo_with_a_lora_actor_and_a_lora_critic(ray_session, assets, tmp_path):  # noqa: F811
+    _, m = run(assets, tmp_path, "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", *LORA,
+               "critic.model.lora_rank=4", "critic.model.lora_alpha=8", "critic.optim.lr=1e-2", "trainer.save_freq=2")
+    assert sorted(m) == [0, 1, 2]
+    for key in ("critic/vf_loss", "actor/pg_loss", "actor/reward_kl_penalty"):
+        assert finite(m[2][key]), key
+    assert m[1]["actor/reward_kl_penalty"] == 0.0  # the LoRA actor equals its reference before the first update
+    ckpt = tmp_path / "ckpt" / "global_step_2"
+    assert (ckpt / "critic" / "lora_adapter" / "adapter_model.safetensors").is_file()
+    assert (ckpt / "actor" / "lora_adapter" / "adapter_config.json").is_file()
