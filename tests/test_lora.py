@@ -410,3 +410,17 @@ def test_an_engine_with_its_own_weights_gets_merged_plain_named_weights(tiny):
         assert engine.received[-1] == plain and not any("lora_" in k or "base_layer" in k for k in plain)
     finally:
         ROLLOUT_REGISTRY.pop("lora_test_engine", None)
+
+
+def test_lora_with_gradient_checkpointing_gives_the_same_update(tiny):
+    path, tok = tiny
+    plain = build_actor(lora_config(path))
+    ckpt = build_actor(lora_config(path, **{"actor_rollout_ref.model.enable_gradient_checkpointing": True}))
+    batch = rollout_batch(plain, tok)
+    batch.meta_info["use_current_as_old_log_prob"] = True
+    plain.update_actor(batch)
+    ckpt.update_actor(batch)
+    a = plain.compute_log_prob(batch).batch["old_log_probs"]
+    b = ckpt.compute_log_prob(batch).batch["old_log_probs"]
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    assert float((a - ckpt.compute_ref_log_prob(batch).batch["ref_log_prob"]).abs().max()) > 1e-3  # it trained

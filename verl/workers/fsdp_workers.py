@@ -18,6 +18,12 @@ Batch sizes (upstream semantics, validated in `__init__` with the numbers named)
 Temperature: `compute_log_prob` and `update_actor` divide logits by `meta_info["temperature"]`,
 default `rollout.temperature`, the temperature the rollout sampled with (see dp_actor).
 
+LoRA (`model.lora_rank > 0` or `model.lora_adapter_path`, peft): the actor and the critic wrap
+their model in a peft adapter before sharding (frozen base, trainable adapter; see docs/lora.md).
+The reference log-probs then come from the actor with the adapter disabled (no reference model
+is built), the shared hf rollout samples from the adapter model itself, and an engine with its own
+weights (`lora.merge`, a separate hf copy, vLLM) receives the merged weights W + delta_W.
+
 Old log-probs shortcut: when `meta_info["use_current_as_old_log_prob"]` is True (valid only for
 one mini-batch and one epoch, checked), `update_actor` uses the detached log-probs of its own
 forward as `old_log_probs` (ratio exactly 1) and returns them as `old_log_probs` / `entropys`
@@ -58,11 +64,11 @@ from verl.utils.import_utils import import_external_libs, import_external_libs_f
 from verl.utils.model import (
     apply_lora,
     build_causal_lm,
-    count_parameters,
-    is_peft_model,
     build_reward_model,
     build_value_model,
     compute_position_id_with_mask,
+    count_parameters,
+    is_peft_model,
     resolve_model_path,
     torch_dtype_from_name,
 )
