@@ -46,6 +46,11 @@ MAY_IMPORT: dict[str, set[str]] = {
 
 # (importer module, imported module) -> why it is allowed for now
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("verl.trainer.ppo.rollout_corr_helper", "verl.protocol"): (
+        "upstream's batch-level entry points (compute_rollout_correction_and_add_to_batch, "
+        "compute_rollout_correction_and_rejection_mask) take or return a DataProto; the tensor functions "
+        "they wrap are pure torch. They belong on the driver side, beside compute_advantage"
+    ),
     ("verl.utils.tensordict_utils", "verl.protocol"): (
         "the TensorDict mini-batch iterator reuses DataProto's shuffled index order so both protocols "
         "give the same mini-batches for a seed; the index helper belongs in utilities"

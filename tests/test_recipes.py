@@ -46,6 +46,8 @@ EXPECTED: dict[str, tuple[dict, list[str]]] = {
     "kpop": ({"algorithm.rollout_correction.rollout_rs": "kpop"}, ["rollout_corr/rollout_rs_masked_fraction"]),
     "tis": ({"algorithm.rollout_correction.rollout_is": "token"}, ["rollout_corr/rollout_is_mean"]),
     "custom_loss": ({LOSS: "truncated_pg"}, []),
+    "grpo_lora": ({"algorithm.adv_estimator": "grpo", "actor_rollout_ref.model.lora_rank": 8,
+                   "actor_rollout_ref.actor.use_kl_loss": True}, ["actor/kl_loss", "timing_s/ref"]),
 }
 
 FAST = [

@@ -9,8 +9,6 @@ $VAL). Each one either composes and validates here, or fails before anything sta
 The scripts target GPU machines: the check runs as if a CUDA device were present (so that
 `rollout.name=vllm` is judged as a value, not as this machine's hardware), and which logging
 packages are installed (`trainer.logger=[console,wandb]`) is left to the machine as well.
-Entries that depend on work not in this branch are marked `pending` and run as non-strict xfail
-(listed in the summary); they do not count as passing.
 """
 
 from __future__ import annotations
@@ -32,12 +30,11 @@ class Invocation:
     feature: str  # feature class for the summary
     args: tuple[str, ...]
     expect: str = "ok"  # "ok", or a regex of the refusal message
-    pending: str = ""  # why it cannot pass in this branch yet
     config_name: str = "ppo_trainer"
 
 
-def inv(name, feature, args: str, expect="ok", pending="", config_name="ppo_trainer") -> Invocation:
-    return Invocation(name, feature, tuple(args.split()), expect, pending, config_name)
+def inv(name, feature, args: str, expect="ok", config_name="ppo_trainer") -> Invocation:
+    return Invocation(name, feature, tuple(args.split()), expect, config_name)
 
 
 GRPO_QWEN3_8B = """algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False
@@ -176,8 +173,7 @@ CORPUS: tuple[Invocation, ...] = (
     inv("rloo_trainer", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=rloo")),
     inv("remax_trainer", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=remax")),
     inv("reinforce_plus_plus_trainer", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=reinforce_plus_plus")),
-    inv("gdpo_trainer", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=gdpo"),
-        pending="the gdpo estimator (issue 10, algorithm work)"),
+    inv("gdpo_trainer", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=gdpo")),
     inv("otb (optimal_token_baseline)", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=optimal_token_baseline")
         + " actor_rollout_ref.actor.calculate_sum_pi_squared=True",
         expect=r"calculate_sum_pi_squared=true: sum of squared policy probabilities .* " + NOT_AVAILABLE),
@@ -186,10 +182,9 @@ CORPUS: tuple[Invocation, ...] = (
     inv("rollout_correction (bypass mode)", "rollout correction", _BASE + "algorithm.rollout_correction.bypass_mode=True "
         "algorithm.rollout_correction.loss_type=ppo_clip algorithm.rollout_correction.rollout_is_batch_normalize=True"),
     inv("rollout_correction (multi-rule RS)", "rollout correction", _BASE + "algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2' "
-        "algorithm.rollout_correction.rollout_rs_threshold='0.5_2.0,0.01'",
-        pending="multi-rule rollout_rs and threshold strings in rollout_corr_helper (algorithm work)"),
+        "algorithm.rollout_correction.rollout_rs_threshold='0.5_2.0,0.01'"),
     inv("grpo_trainer/run_qwen3-4b_gsm8k_grpo_lora_merge.sh", "LoRA", GRPO_2024 + " actor_rollout_ref.model.lora_rank=64 "
-        "actor_rollout_ref.model.lora_alpha=32 actor_rollout_ref.model.target_modules=all-linear", pending="the LoRA keys (LoRA work)"),
+        "actor_rollout_ref.model.lora_alpha=32 actor_rollout_ref.model.target_modules=all-linear"),
     inv("grpo_trainer/run_qwen2_5_vl_7b_fsdp.sh", "multimodal", GRPO_2024 + " data.image_key=pixel_values",
         expect=r"data\.image_key=pixel_values: multimodal \(image/video/audio\) inputs " + NOT_AVAILABLE),
     inv("grpo_trainer (vision tower)", "multimodal", GRPO_2024 + " actor_rollout_ref.actor.freeze_vision_tower=True",
@@ -236,6 +231,7 @@ def paths(tmp_path, monkeypatch):
 
     model = tmp_path / "model"
     model.mkdir()
+    (model / "config.json").write_text("{}")  # a local model directory (validate_config checks for it)
     train, val = tmp_path / "train.parquet", tmp_path / "test.parquet"
     train.write_bytes(b"")
     val.write_bytes(b"")
@@ -270,8 +266,7 @@ def check(invocation: Invocation, paths: dict[str, str]) -> tuple[bool, str]:
 
 def _params():
     for i in CORPUS:
-        marks = [pytest.mark.xfail(reason=f"pending: {i.pending}", strict=False)] if i.pending else []
-        yield pytest.param(i, id=i.name, marks=marks)
+        yield pytest.param(i, id=i.name)
 
 
 @pytest.mark.parametrize("invocation", list(_params()))

@@ -6,12 +6,8 @@ upstream callers pass by keyword (``None``: the name only has to exist). A name 
 when it resolves (``Class.method`` through the class) and its signature (``__init__`` for a
 class) has each listed parameter, or takes ``**kwargs``.
 
-Three sets keep the test honest while work lands in parallel:
+Two rules:
 
-- `PENDING_ON_OTHER_BRANCHES`: names other helpers are adding on their branches (``algoapi``:
-  core_algos and rollout_corr_helper; ``cfgcheck``: base_config, verl.utils and utils.config).
-  `test_pending_names_are_still_missing` checks each is still missing here: once a branch lands
-  and a name exists, that test FAILS, and the name must be removed from the set (emptying it).
 - `NOT_PROVIDED`: names this project deliberately does not provide, each with its reason; the
   same reasons are listed in docs/extending.md ("What upstream modules are not provided and
   why"). The test checks they are missing and documented.
@@ -256,29 +252,15 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
 }
 
 
-PENDING_ON_OTHER_BRANCHES: dict[str, set[str]] = {
-    "verl.base_config": {"BaseConfig._mutable_fields"},
-    # verl/utils/__init__.py (empty here) is being written on the cfgcheck branch; the tokenizer and
-    # groupwise re-exports belong to that file too
-    "verl.utils": {"omega_conf_to_dataclass", "validate_config", "hf_tokenizer", "hf_processor", "get_processor_token_id",
-                   "normalize_token_ids", "as_torch_index", "group_mean_std"},
-    "verl.utils.config": {"update_dict_with_config", "validate_config"},
-    "verl.trainer.ppo.core_algos": {
-        "PolicyLossFn", "compute_gdpo_outcome_advantage", "compute_optimal_token_baseline_advantage",
-        "compute_multi_turn_optimal_token_baseline_advantage", "compute_policy_loss_up", "compute_policy_loss_dppo_tv",
-        "compute_policy_loss_dppo_kl", "compute_policy_loss_bypass_mode", "compute_value_loss", "compute_pf_ppo_reweight_data",
-        "compute_policy_loss_reinforce",
-    },
-    "verl.trainer.ppo.rollout_corr_helper": {
-        "SAFETY_BOUND", "SUPPORTED_ROLLOUT_RS_OPTIONS", "TOKEN_LEVEL_ROLLOUT_RS_OPTIONS", "compute_binary_kl_divergence",
-        "compute_rollout_rejection_mask", "compute_rs_metrics", "compute_rollout_correction_weights", "compute_is_metrics",
-        "compute_rollout_correction_and_rejection_mask", "compute_offpolicy_metrics", "compute_rollout_correction_and_add_to_batch",
-        "compute_rollout_corr_metrics_from_logprobs", "apply_bypass_mode",
-    },
-}
-
 _RUNTIME = "upstream main's multi-backend runtime layer (Ray/Monarch RPC abstractions); this project has one Ray backend"
+_ONE_CHECK = ("the config checks have one entry point, verl.trainer.ppo.utils.validate_config(config), which derives "
+              "the reference/critic needs itself (utilities must not import the trainer)")
 NOT_PROVIDED: dict[str, dict[str, str]] = {
+    "verl.utils": {
+        "validate_config": _ONE_CHECK,
+        "get_processor_token_id": "no multimodal processors here (text prompts only)",
+    },
+    "verl.utils.config": {"validate_config": _ONE_CHECK},
     "verl.trainer.ppo.ray_trainer": {
         "compute_spec_decode_metrics": "no speculative-decoding rollout engine (vLLM/SGLang) here",
     },
@@ -338,7 +320,7 @@ def count_upstream_names() -> dict[str, tuple[int, int]]:
 
 def _expected_present():
     for module, names in UPSTREAM_NAMES.items():
-        skip = PENDING_ON_OTHER_BRANCHES.get(module, set()) | set(NOT_PROVIDED.get(module, {}))
+        skip = set(NOT_PROVIDED.get(module, {}))
         for name, params in names.items():
             if name not in skip:
                 yield pytest.param(module, name, params, id=f"{module}:{name}")
@@ -351,22 +333,9 @@ def test_upstream_public_name_is_compatible(module, name, params):
 
 
 def test_bookkeeping_sets_name_upstream_names_only():
-    for table in (PENDING_ON_OTHER_BRANCHES, NOT_PROVIDED):
-        for module, names in table.items():
-            unknown = set(names) - set(UPSTREAM_NAMES[module])
-            assert not unknown, f"{module}: {sorted(unknown)} are not in UPSTREAM_NAMES"
-    for module, names in PENDING_ON_OTHER_BRANCHES.items():
-        overlap = names & set(NOT_PROVIDED.get(module, {}))
-        assert not overlap, f"{module}: {sorted(overlap)} are both pending and not provided"
-
-
-@pytest.mark.parametrize("module", sorted(PENDING_ON_OTHER_BRANCHES))
-def test_pending_names_are_still_missing(module):
-    landed = sorted(n for n in PENDING_ON_OTHER_BRANCHES[module] if incompatibility(module, n, UPSTREAM_NAMES[module][n]) is None)
-    assert not landed, (
-        f"{module}: {landed} now exist with compatible signatures: remove them from PENDING_ON_OTHER_BRANCHES "
-        "(the set must end up empty)"
-    )
+    for module, names in NOT_PROVIDED.items():
+        unknown = set(names) - set(UPSTREAM_NAMES[module])
+        assert not unknown, f"{module}: {sorted(unknown)} are not in UPSTREAM_NAMES"
 
 
 @pytest.mark.parametrize("module", sorted(NOT_PROVIDED))

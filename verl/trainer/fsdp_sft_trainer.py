@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import hydra
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch.utils.data import DataLoader, DistributedSampler
 
 logger = logging.getLogger(__name__)
@@ -155,6 +155,12 @@ class FSDPSFTTrainer:
         )
         if config.model.get("enable_gradient_checkpointing"):
             self.model.gradient_checkpointing_enable()
+        self.lora_config = _lora_model_config(config.model)
+        if self.lora_config is not None:
+            from verl.utils.model import apply_lora
+
+            # before sharding: frozen base, trainable adapter (the same on every rank)
+            self.model = apply_lora(self.model, self.lora_config, task_type="CAUSAL_LM")
         self.model.config.use_cache = False
         self.model.to(self.device)
         self.mesh = device_mesh or init_device_mesh(self.device, mesh_shape=(self.world_size,), mesh_dim_names=("fsdp",))
@@ -166,7 +172,7 @@ class FSDPSFTTrainer:
 
         optim = config.optim
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.get("eps", 1e-8),
+            [p for p in self.model.parameters() if p.requires_grad], lr=optim.lr, betas=tuple(optim.betas), eps=optim.get("eps", 1e-8),
             weight_decay=optim.weight_decay,
         )
         warmup = int(math.floor(float(optim.warmup_steps_ratio) * self.total_steps))
@@ -278,14 +284,25 @@ class FSDPSFTTrainer:
         return (total[0] / total[1].clamp_min(1)).item()
 
     def save_checkpoint(self, step: int) -> str:
-        """Write the full model (safetensors) and tokenizer to default_local_dir/global_step_{step}."""
-        from verl.utils.fsdp_utils import get_full_state_dict
+        """Write the full model (safetensors) and tokenizer to default_local_dir/global_step_{step}.
+
+        LoRA: the directory holds the merged model (base + adapter, loads without peft), and
+        `lora_adapter/` the adapter in peft format (the RL trainer's `model.lora_adapter_path`).
+        """
+        from verl.utils.fsdp_utils import get_full_state_dict, get_lora_merged_state_dict
 
         path = os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
         state_dict = get_full_state_dict(self.model, rank0_only=True)  # collective
+        model_to_save = self.model
+        if self.lora_config is not None:
+            from verl.utils.checkpoint.fsdp_checkpoint_manager import save_lora_adapter
+
+            if self.rank == 0:
+                save_lora_adapter(self.model, state_dict, os.path.join(path, "lora_adapter"), self.tokenizer)
+            state_dict = get_lora_merged_state_dict(self.model, rank0_only=True)  # collective
+            model_to_save = self.model.get_base_model()
         if self.rank == 0:
             os.makedirs(path, exist_ok=True)
-            model_to_save = self.model
             model_to_save.config.use_cache = True
             model_to_save.save_pretrained(path, state_dict=state_dict)
             model_to_save.config.use_cache = False
@@ -337,6 +354,25 @@ class FSDPSFTTrainer:
             self._tracking.finish()
         return {"final_checkpoint": last_path, "history": self.state.history, "rank": self.rank,
                 "skipped_steps": self.state.skipped_steps, "seconds": time.time() - t0}
+
+
+def _lora_model_config(model_cfg):
+    """The validated LoRA keys of the SFT `model` section (the RL trainer's names) as an
+    `HFModelConfig`, or None without LoRA (`lora_rank` 0 and no `lora_adapter_path`)."""
+    from verl.workers.config.model import HFModelConfig
+
+    def plain(value):
+        return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+    cfg = HFModelConfig(
+        path=model_cfg.get("partial_pretrain"),
+        lora_rank=int(model_cfg.get("lora_rank", 0) or 0),
+        lora_alpha=int(model_cfg.get("lora_alpha", 16)),
+        target_modules=plain(model_cfg.get("target_modules", "all-linear")),
+        exclude_modules=plain(model_cfg.get("exclude_modules")),
+        lora_adapter_path=model_cfg.get("lora_adapter_path"),
+    )
+    return cfg if cfg.use_lora else None
 
 
 def _pin_tokenizer_class(path: str, tokenizer) -> None:

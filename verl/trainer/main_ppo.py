@@ -22,7 +22,7 @@ import time
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl.trainer.ppo.utils import Role, resolve_device, validate_config
+from verl.trainer.ppo.utils import Role, reference_in_actor, resolve_device, validate_config
 # upstream exposes these two here; they live with the dataset
 from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler  # noqa: F401
 
@@ -281,7 +281,7 @@ class TaskRunner:
         mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker)}
         if v.use_critic:
             mapping[Role.Critic] = ray.remote(CriticWorker)
-        if v.use_reference_policy:
+        if v.use_reference_policy and not reference_in_actor(config):  # LoRA: the actor computes the reference
             mapping[Role.RefPolicy] = ray.remote(ActorRolloutRefWorker)
         if v.use_rm:
             mapping[Role.RewardModel] = ray.remote(RewardModelWorker)

@@ -332,3 +332,11 @@ def omega_conf_to_dataclass(config: Any, dataclass_type: type | None = None, _pa
         if better is None:
             raise
         raise better from exc
+
+
+def update_dict_with_config(dictionary: dict, config: Any) -> None:
+    """Overwrite, in place, each key of `dictionary` that `config` (a DictConfig, a dataclass or
+    any object with attributes) also has; keys the config lacks keep their value."""
+    for key in dictionary:
+        if hasattr(config, key):
+            dictionary[key] = getattr(config, key)

@@ -42,6 +42,8 @@ __all__ = [
     "load_full_state_dict",
     "get_full_optimizer_state_dict",
     "load_full_optimizer_state_dict",
+    "get_lora_merged_state_dict",
+    "peft_to_hf_key",
     "offload_fsdp_model_to_cpu",
     "load_fsdp_model_to_gpu",
     "offload_fsdp_optimizer",
@@ -284,6 +286,75 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], 
             f"unexpected {sorted(given - expected)[:10]}"
         )
     set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
+_PEFT_PREFIX = "base_model.model."
+
+
+def peft_to_hf_key(key: str) -> str | None:
+    """Name of a peft model's state-dict entry in the plain transformers model it wraps, or None
+    for adapter-only entries (`lora_A`/`lora_B`/...) and the frozen originals of `modules_to_save`.
+
+    `base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight` -> `model.layers.0.self_attn.q_proj.weight`;
+    `base_model.model.score.modules_to_save.default.weight` -> `score.weight`.
+    """
+    if key.startswith(_PEFT_PREFIX):
+        key = key[len(_PEFT_PREFIX):]
+    parts = key.split(".")
+    if any(p.startswith("lora_") for p in parts) or "original_module" in parts:
+        return None
+    out, i = [], 0
+    while i < len(parts):
+        if parts[i] == "base_layer":
+            i += 1
+        elif parts[i] == "modules_to_save":
+            i += 2  # "modules_to_save.<adapter name>"
+        else:
+            out.append(parts[i])
+            i += 1
+    return ".".join(out)
+
+
+@torch.no_grad()
+def get_lora_merged_state_dict(model: nn.Module, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+    """Full weights of a peft LoRA model with its active adapters merged in, under the plain
+    transformers names: W' = W + delta_W for every adapted layer, where delta_W is peft's
+    `LoraLayer.get_delta_weight` ((alpha / r) B A, transposed for fan-in-fan-out layers).
+
+    What a rollout engine without adapters (a separate hf copy, vLLM) and a merged Hugging Face
+    export need. Collective under FSDP2 (call on every rank); `rank0_only` as in
+    `get_full_state_dict`. The model itself is not modified (no merge/unmerge round trip, which
+    would not give back the exact base weights).
+    """
+    from peft.tuners.lora import LoraLayer
+
+    full = get_full_state_dict(model, rank0_only=rank0_only)  # collective
+    base = model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    with full_parameters(model):  # collective: every adapter matrix whole on every rank
+        for name, module in base.named_modules():
+            if not isinstance(module, LoraLayer) or getattr(module, "disable_adapters", False):
+                continue
+            delta = None
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    d = module.get_delta_weight(adapter)
+                    delta = d if delta is None else delta + d
+            if delta is not None:
+                deltas[f"{name}.weight"] = delta.detach()
+    if rank0_only and not full:
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in full.items():
+        hf_key = peft_to_hf_key(key)
+        if hf_key is not None:
+            out[hf_key] = value
+    for key, delta in deltas.items():
+        if key not in out:
+            raise RuntimeError(f"LoRA merge: adapted weight {key} has no base weight in the state dict")
+        weight = out[key]
+        out[key] = (weight + delta.to(device=weight.device, dtype=weight.dtype)).detach()
+    return out
 
 
 def get_model_state_dict_keys(model: nn.Module) -> list[str]:

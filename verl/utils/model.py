@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from typing import Any
 
 import torch
@@ -26,6 +27,10 @@ __all__ = [
     "print_model_size",
     "torch_dtype_from_name",
     "accepts_logits_to_keep",
+    "is_peft_model",
+    "unwrap_peft_model",
+    "apply_lora",
+    "count_parameters",
 ]
 
 logger = logging.getLogger(__name__)
@@ -204,8 +209,118 @@ def print_model_size(model: torch.nn.Module, name: str | None = None) -> None:
 
 def accepts_logits_to_keep(module: torch.nn.Module) -> bool:
     """Whether the model's forward takes transformers' `logits_to_keep` (project only the last k
-    positions onto the vocabulary)."""
+    positions onto the vocabulary). A peft model passes keyword arguments through to the model it
+    wraps, so that model's forward is the one inspected."""
     try:
-        return "logits_to_keep" in inspect.signature(type(module).forward).parameters
+        return "logits_to_keep" in inspect.signature(type(unwrap_peft_model(module)).forward).parameters
     except (TypeError, ValueError):
         return False
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA (peft)
+# ---------------------------------------------------------------------------------------------
+
+# peft task types by the builder that made the model: a causal LM keeps its output head frozen
+# (peft's "all-linear" leaves it out); a value/reward model's fresh `score` head is trained in full
+# (peft's TOKEN_CLS / SEQ_CLS task types list it in `modules_to_save`)
+LORA_TASK_TYPES = ("CAUSAL_LM", "TOKEN_CLS", "SEQ_CLS")
+
+
+def is_peft_model(module: torch.nn.Module) -> bool:
+    """True when `module` is a `peft.PeftModel` (a model with adapters)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(module, PeftModel)
+
+
+def unwrap_peft_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a peft model (with its adapter layers in place); `module`
+    itself otherwise."""
+    return module.get_base_model() if is_peft_model(module) else module
+
+
+def _plain(value):
+    """OmegaConf containers -> plain python (peft checks `isinstance(x, (list, str))`)."""
+    if value is None or isinstance(value, str):
+        return value
+    return [str(v) for v in value]
+
+
+_HEAD_NAMES = ("score", "classifier")
+
+
+def _exclude_heads(module: torch.nn.Module, exclude):
+    """`exclude` plus the value/score head of a classification model: peft trains that head in
+    full (`modules_to_save`), so it must not also get an adapter ("all-linear" would give it one,
+    since such models have no output embeddings)."""
+    heads = [name for name in _HEAD_NAMES if isinstance(getattr(module, name, None), torch.nn.Module)]
+    if not heads:
+        return exclude
+    if exclude is None:
+        return heads
+    if isinstance(exclude, str):  # a regex matched against full module names
+        return f"(?:{exclude})|(?:.*\\.)?(?:{'|'.join(heads)})"
+    return list(exclude) + [h for h in heads if h not in exclude]
+
+
+def apply_lora(module: torch.nn.Module, model_config, task_type: str = "CAUSAL_LM", seed: int = 0) -> torch.nn.Module:
+    """Wrap `module` in a peft LoRA model: base weights frozen, adapter weights trainable.
+
+    - `model_config.lora_adapter_path` set: the adapter saved there (peft format) is loaded for
+      further training; its rank, alpha and target modules are used.
+    - otherwise a new adapter: `LoraConfig(r=lora_rank, lora_alpha, target_modules,
+      exclude_modules, bias="none")`. peft initialises B = 0, so the wrapped model computes
+      exactly what `module` did until the first update.
+
+    A is drawn from the CPU torch RNG seeded with `seed` (the caller's RNG state is restored), so
+    every rank of an FSDP group builds the same adapter and world sizes 1 and N agree.
+    Returns the `peft.PeftModel`.
+    """
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if task_type not in LORA_TASK_TYPES:
+        raise ValueError(f"LoRA task_type={task_type!r}; accepted: {list(LORA_TASK_TYPES)}")
+    adapter_path = model_config.lora_adapter_path
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        if adapter_path is not None:
+            from verl.utils.fs import copy_to_local
+
+            local = copy_to_local(str(adapter_path))
+            if not os.path.isfile(os.path.join(local, "adapter_config.json")):
+                raise FileNotFoundError(
+                    f"model.lora_adapter_path={adapter_path!r} is not a peft adapter directory (no adapter_config.json); "
+                    "point it at a lora_adapter/ folder of a checkpoint or a directory written by PeftModel.save_pretrained"
+                )
+            peft_model = PeftModel.from_pretrained(module, local, is_trainable=True)
+            loaded = peft_model.peft_config["default"]
+            if model_config.lora_rank and model_config.lora_rank != loaded.r:
+                logger.warning(
+                    "model.lora_rank=%s differs from the rank r=%s of the adapter in model.lora_adapter_path=%s; "
+                    "the adapter's rank is used", model_config.lora_rank, loaded.r, adapter_path,
+                )
+            return peft_model
+        if model_config.lora_rank <= 0:
+            raise ValueError(f"apply_lora needs model.lora_rank > 0 or model.lora_adapter_path, got lora_rank={model_config.lora_rank}")
+        exclude = _plain(model_config.exclude_modules)
+        if task_type != "CAUSAL_LM":
+            exclude = _exclude_heads(module, exclude)
+        config = LoraConfig(
+            task_type=task_type,
+            r=int(model_config.lora_rank),
+            lora_alpha=int(model_config.lora_alpha),
+            target_modules=_plain(model_config.target_modules),
+            exclude_modules=exclude,
+            bias="none",
+        )
+        return get_peft_model(module, config)
+
+
+def count_parameters(module: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts of `module` (local shards under FSDP2)."""
+    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in module.parameters())
+    return trainable, total

@@ -65,3 +65,27 @@ def hf_processor(name_or_path: str, **kwargs):
     if processor is None or "Processor" not in type(processor).__name__:
         return None
     return processor
+
+
+def normalize_token_ids(tokenized_output) -> list[int]:
+    """A flat `list[int]` from whatever a tokenizer call returned: a list, a tensor or array, a
+    `BatchEncoding`/dict with `input_ids`, or a batch of one (transformers 4 and 5 differ in what
+    `apply_chat_template(tokenize=True)` returns). Raises TypeError naming the bad element."""
+    ids = tokenized_output
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"] if isinstance(ids, dict) else ids.input_ids
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if isinstance(ids, tuple):
+        ids = list(ids)
+    if isinstance(ids, list) and len(ids) == 1 and isinstance(ids[0], (list, tuple)):
+        ids = list(ids[0])  # a batch holding one sequence
+    if not isinstance(ids, list):
+        raise TypeError(f"token ids must be a list of integers, got {type(ids).__name__}: {ids!r}")
+    out = []
+    for position, token in enumerate(ids):
+        token = token.item() if hasattr(token, "item") else token
+        if isinstance(token, bool) or not isinstance(token, (int, float)) or int(token) != token:
+            raise TypeError(f"token id at position {position} is not an integer: {type(token).__name__} {token!r}")
+        out.append(int(token))
+    return out

@@ -18,6 +18,12 @@ Batch sizes (upstream semantics, validated in `__init__` with the numbers named)
 Temperature: `compute_log_prob` and `update_actor` divide logits by `meta_info["temperature"]`,
 default `rollout.temperature`, the temperature the rollout sampled with (see dp_actor).
 
+LoRA (`model.lora_rank > 0` or `model.lora_adapter_path`, peft): the actor and the critic wrap
+their model in a peft adapter before sharding (frozen base, trainable adapter; see docs/lora.md).
+The reference log-probs then come from the actor with the adapter disabled (no reference model
+is built), the shared hf rollout samples from the adapter model itself, and an engine with its own
+weights (`lora.merge`, a separate hf copy, vLLM) receives the merged weights W + delta_W.
+
 Old log-probs shortcut: when `meta_info["use_current_as_old_log_prob"]` is True (valid only for
 one mini-batch and one epoch, checked), `update_actor` uses the detached log-probs of its own
 forward as `old_log_probs` (ratio exactly 1) and returns them as `old_log_probs` / `entropys`
@@ -48,6 +54,7 @@ from verl.utils.fsdp_utils import (
     cpu_has_fast_bf16,
     create_device_mesh,
     get_full_state_dict,
+    get_lora_merged_state_dict,
     load_fsdp_model_to_gpu,
     load_fsdp_optimizer,
     offload_fsdp_model_to_cpu,
@@ -56,10 +63,13 @@ from verl.utils.fsdp_utils import (
 )
 from verl.utils.import_utils import import_external_libs, import_external_libs_from_env
 from verl.utils.model import (
+    apply_lora,
     build_causal_lm,
     build_reward_model,
     build_value_model,
     compute_position_id_with_mask,
+    count_parameters,
+    is_peft_model,
     resolve_model_path,
     torch_dtype_from_name,
 )
@@ -151,8 +161,14 @@ class _OffloadMixin:
             offload_fsdp_optimizer(optimizer)
 
 
-def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, device_name: str, world_size: int, train: bool):
-    """Load with `builder`, optionally enable gradient checkpointing, move to the device, shard."""
+def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, device_name: str, world_size: int, train: bool,
+                      lora_task: str | None = None):
+    """Load with `builder`, optionally enable gradient checkpointing, move to the device, shard.
+
+    `lora_task` (a peft task type) with `train` and `model_config.use_lora`: the model is wrapped
+    in a peft LoRA adapter before sharding (frozen base, trainable adapter; see `apply_lora`).
+    FSDP2 shards every parameter on its own, so frozen and trainable ones share a unit.
+    """
     module = builder(
         path,
         override_config=model_config.override_config,
@@ -165,6 +181,10 @@ def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, d
             module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if train and lora_task is not None and model_config.use_lora:
+        module = apply_lora(module, model_config, task_type=lora_task)
+        trainable, total = count_parameters(module)
+        logger.info("LoRA: %d of %d parameters trainable (%.3f%%)", trainable, total, 100.0 * trainable / max(total, 1))
     if device_name == "cuda":
         module.to(torch.device("cuda", torch.cuda.current_device()))
     if not train:
@@ -272,7 +292,8 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             )
 
         if self._is_actor:
-            self.actor_module = _build_fsdp_model(build_causal_lm, path, self.model_config, fsdp_cfg, self.device_name, self.world_size, train=True)
+            self.actor_module = _build_fsdp_model(build_causal_lm, path, self.model_config, fsdp_cfg, self.device_name, self.world_size, train=True,
+                                                  lora_task="CAUSAL_LM")
             self.actor_optimizer = build_optimizer(self.actor_module.parameters(), self.actor_config.optim)
             self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, self.actor_config.optim)
             self.actor = DataParallelPPOActor(
@@ -292,6 +313,10 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             )
         if self._is_rollout:
             self.rollout = self._build_rollout(path)
+        if self._is_ref and self._ref_from_actor():
+            # LoRA: the reference policy is the frozen base, i.e. the actor with its adapter
+            # switched off (compute_ref_log_prob); no second copy of the model
+            self._is_ref = False
         if self._is_ref:
             ref_fsdp = self.ref_config.fsdp_config
             self.ref_module = _build_fsdp_model(build_causal_lm, path, self.model_config, ref_fsdp, self.device_name, self.world_size, train=False)
@@ -308,6 +333,11 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         if self._is_ref:
             self._offload(self.ref_module, None, self.ref_config.fsdp_config)
 
+    def _ref_from_actor(self) -> bool:
+        """True when this worker's actor is a peft LoRA model: its reference log-probs are the
+        actor's with the adapter disabled."""
+        return self.actor_module is not None and is_peft_model(self.actor_module)
+
     def _build_rollout(self, path: str):
         from verl.workers.rollout.base import get_rollout_class
         from verl.workers.rollout.hf_rollout import HFRollout
@@ -317,6 +347,8 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         engine_kwargs = dict((cfg.engine_kwargs or {}).get(cfg.name, {}) or {})
         if cls is HFRollout:
             separate = bool(engine_kwargs.get("separate_copy", False)) or self.actor_module is None
+            # LoRA with lora.merge: generate from merged weights in a copy without adapter layers
+            separate = separate or (self._ref_from_actor() and self.model_config.lora.merge)
             if not separate:
                 return HFRollout(self.actor_module, cfg, compute_dtype=self.compute_dtype)
             # a separate, unsharded copy (standalone rollout role, or e.g. a bf16 copy for speed)
@@ -327,6 +359,10 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
                 module.to(torch.device("cuda", torch.cuda.current_device()))
             owned_dtype = torch_dtype_from_name(dtype)
             return HFRollout(module, cfg, compute_dtype=None if owned_dtype != torch.float32 else self.compute_dtype, owns_module=True)
+        if self._ref_from_actor():
+            # an engine with its own weights (vLLM) has no adapter layers here: every sync sends
+            # W + delta_W (vLLM's own LoRA path, which would send only the adapter, is not used)
+            logger.info("LoRA with rollout.name=%s: the engine receives merged weights at every weight sync", cfg.name)
         return cls(model_path=path, config=cfg, tokenizer=self.tokenizer, trust_remote_code=self.model_config.trust_remote_code)
 
     # -- weight sync ------------------------------------------------------------------------------
@@ -357,7 +393,11 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         if self._synced_version == self._weights_version:
             return {}
         start = time.perf_counter()
-        state = get_full_state_dict(self.actor_module, rank0_only=False)  # collective
+        if is_peft_model(self.actor_module):
+            # the engine has no adapter layers: it gets W + (alpha/r) B A under the plain names
+            state = get_lora_merged_state_dict(self.actor_module, rank0_only=False)  # collective
+        else:
+            state = get_full_state_dict(self.actor_module, rank0_only=False)  # collective
         self.rollout.update_weights(state)
         del state
         probe = self._probe()
@@ -444,13 +484,27 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """`ref_log_prob` [b, R] of the responses under the frozen reference policy."""
+        rc = self.ref_config
+        if self.ref_policy is None and self._ref_from_actor():
+            return self._lora_ref_log_prob(data)
         if self.ref_policy is None:
             raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
-        rc = self.ref_config
         data = self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
         self._load_to_device(self.ref_module, None, rc.fsdp_config)
         log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         self._offload(self.ref_module, None, rc.fsdp_config)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+    def _lora_ref_log_prob(self, data: DataProto) -> DataProto:
+        """`ref_log_prob` [b, R] from the LoRA actor with its adapter disabled (= the frozen base
+        model the adapter was put on; with `lora_adapter_path`, the base without that adapter).
+        Micro-batching follows `ref.log_prob_*`."""
+        rc = self.ref_config
+        data = self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
+        self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
+        with self.actor_module.disable_adapter():
+            log_probs, _ = self.actor.compute_log_prob(data, calculate_entropy=False)
+        self._offload(self.actor_module, None, self.actor_config.fsdp_config)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -539,7 +593,8 @@ class CriticWorker(Worker, _OffloadMixin):
         path = resolve_model_path(mc.path)
         self.tokenizer = hf_tokenizer(mc.tokenizer_path or path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template)
         fsdp_cfg = self.config.fsdp_config
-        self.critic_module = _build_fsdp_model(build_value_model, path, mc, fsdp_cfg, self.device_name, self.world_size, train=True)
+        self.critic_module = _build_fsdp_model(build_value_model, path, mc, fsdp_cfg, self.device_name, self.world_size, train=True,
+                                               lora_task="TOKEN_CLS")
         self.critic_optimizer = build_optimizer(self.critic_module.parameters(), self.config.optim)
         self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, self.config.optim)
         self.critic = DataParallelPPOCritic(
@@ -628,6 +683,11 @@ class RewardModelWorker(Worker, _OffloadMixin):
         mc = self.config.model
         if mc.path is None:
             raise ValueError("reward_model.enable=True needs reward_model.model.path: a sequence-classification reward model directory")
+        if mc.use_lora:
+            raise ValueError(
+                f"reward_model.model.lora_rank={mc.lora_rank} / lora_adapter_path={mc.lora_adapter_path!r}: the reward model is "
+                "frozen and takes no adapter; merge a LoRA reward model into its base first (PeftModel.merge_and_unload)"
+            )
         self.rm_tokenizer = hf_tokenizer(mc.tokenizer_path or mc.path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template)
         # the policy's tokenizer (null = the embedded default policy, as the yaml interpolates the
         # actor's model.path); responses are re-templated only when it differs from the RM's

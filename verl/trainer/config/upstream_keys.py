@@ -54,7 +54,9 @@ class Rule:
     """Behaviour of the keys matching `pattern` (fnmatch on the dotted key; first match wins).
 
     kind "b": `why` says why the key has no effect. kind "c": `why` names the feature and
-    `available` what there is instead; values in `accept` are implemented (a) and not refused.
+    `available` what there is instead; values in `accept` are implemented (a) and not refused;
+    with `refuse` set, only those values are refused (other values are checked elsewhere, e.g. a
+    rollout engine name against the engines registered at run time).
     """
 
     pattern: str
@@ -62,6 +64,7 @@ class Rule:
     why: str
     available: str = ""
     accept: tuple = ()
+    refuse: tuple = ()
 
 
 _NO_ENGINE = "upstream's engine-worker copy of an actor/ref key; here the actor/ref key of the same name applies"
@@ -136,7 +139,8 @@ RULES: tuple[Rule, ...] = (
     Rule("critic.loss_scale_factor", "b", "the value loss here is aggregated by critic.loss_agg_mode alone"),
     Rule("actor_rollout_ref.nccl_timeout", "b", "process groups here use torch.distributed's default timeout"),
     # ------------------------------------------------------------------ rollout
-    Rule("actor_rollout_ref.rollout.name", "c", "this rollout engine (SGLang, TensorRT-LLM)", "hf, vllm", accept=("hf", "vllm")),
+    Rule("actor_rollout_ref.rollout.name", "c", "this rollout engine (SGLang, TensorRT-LLM)", "hf, vllm",
+         accept=("hf", "vllm"), refuse=("sglang", "trtllm")),
     Rule("actor_rollout_ref.rollout.nnodes", "b", _COLOCATED),
     Rule("actor_rollout_ref.rollout.n_gpus_per_node", "b", _COLOCATED),
     Rule("actor_rollout_ref.rollout.seed", "b", "sampling seeds here are trainer.seed + rank"),
@@ -552,6 +556,8 @@ def check_upstream_surface(config: Any) -> DictConfig:
             continue
         if rule.kind == "c":
             if rule.accept and any(_same(value, a) for a in rule.accept):
+                continue
+            if rule.refuse and not any(_same(value, r) for r in rule.refuse):
                 continue
             refused.setdefault(rule.why, []).append((rule, key, value))
         elif (key, _fmt(value)) not in _logged_b:

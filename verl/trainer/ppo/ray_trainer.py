@@ -66,7 +66,7 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.reward import compute_reward
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
-from verl.trainer.ppo.utils import Role, ValidatedConfig, validate_config
+from verl.trainer.ppo.utils import Role, ValidatedConfig, reference_in_actor, validate_config
 from verl.utils.py_functional import config_get
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import to_jsonable
@@ -420,7 +420,10 @@ class RayPPOTrainer:
         self.use_critic = self.cfg.use_critic
         self.use_reference_policy = self.cfg.use_reference_policy
         self.use_rm = self.cfg.use_rm
-        if self.use_reference_policy and Role.RefPolicy not in role_worker_mapping:
+        # LoRA: the reference is the actor with its adapter disabled, unless the caller maps a
+        # reference worker of its own (Role.RefPolicy), which is then used
+        self.ref_in_actor = self.use_reference_policy and Role.RefPolicy not in role_worker_mapping and reference_in_actor(config)
+        if self.use_reference_policy and not self.ref_in_actor and Role.RefPolicy not in role_worker_mapping:
             raise ValueError("the config needs a reference policy (KL) but role_worker_mapping has no Role.RefPolicy")
         if self.use_critic and Role.Critic not in role_worker_mapping:
             raise ValueError("the config needs a critic but role_worker_mapping has no Role.Critic")
@@ -508,7 +511,7 @@ class RayPPOTrainer:
         add(Role.ActorRollout, "actor_rollout", config=self.config.actor_rollout_ref, role="actor_rollout")
         if self.use_critic:
             add(Role.Critic, "critic", config=self.config.critic)
-        if self.use_reference_policy:
+        if self.use_reference_policy and not self.ref_in_actor:
             add(Role.RefPolicy, "ref", config=self.config.actor_rollout_ref, role="ref")
         if self.use_rm:
             add(Role.RewardModel, "rm", config=self.config.reward_model)
@@ -531,7 +534,7 @@ class RayPPOTrainer:
         if self.use_critic:
             self.critic_wg = all_wg["critic"]
             self.critic_wg.init_model()
-        if self.use_reference_policy:
+        if self.use_reference_policy and not self.ref_in_actor:
             self.ref_policy_wg = all_wg["ref"]
             self.ref_policy_wg.init_model()
         if self.use_rm:
@@ -540,6 +543,8 @@ class RayPPOTrainer:
         # the actor last: a GPU rollout engine sizes its cache from the memory left
         self.actor_rollout_wg = all_wg["actor_rollout"]
         self.actor_rollout_wg.init_model()
+        if self.ref_in_actor:
+            self.ref_policy_wg = self.actor_rollout_wg
 
     def shutdown(self) -> None:
         """Stop the worker processes and free their Ray resources (a Ray session can then host

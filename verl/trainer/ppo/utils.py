@@ -91,6 +91,14 @@ def need_reference_policy(config: Any) -> bool:
     )
 
 
+def reference_in_actor(config: Any) -> bool:
+    """Whether the reference log-probs come from the actor with its LoRA adapter disabled (no
+    reference worker): the actor trains an adapter (`actor_rollout_ref.model.lora_rank > 0` or a
+    `lora_adapter_path`), so its frozen base is the reference. Upstream's `ref_in_actor`."""
+    rank = _get(config, "actor_rollout_ref.model.lora_rank", 0) or 0
+    return int(rank) > 0 or _get(config, "actor_rollout_ref.model.lora_adapter_path") is not None
+
+
 def need_reward_model(config: Any) -> bool:
     return bool(_get(config, "reward_model.enable", False))
 
@@ -393,7 +401,8 @@ HF_ENGINE_KWARGS = {
     "sync_check_tol": "a number: tolerance of the rollout/actor log-prob agreement check",
 }
 # `*.checkpoint.*`: what verl.utils.checkpoint.BaseCheckpointManager reads
-CHECKPOINT_KEYS = ("save_contents", "load_contents")
+# save_lora_only (ours, not in upstream's yaml: append it with +): FSDPCheckpointManager reads it
+CHECKPOINT_KEYS = ("save_contents", "load_contents", "save_lora_only")
 # arguments the trainer passes to every reward function itself
 REWARD_FN_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 # arguments of a reward manager's constructor that the trainer fills itself
@@ -503,6 +512,10 @@ def check_checkpoint_contents(owner: str, checkpoint: Any) -> None:
             hint = f" (did you mean {' or '.join(owner + '.checkpoint.' + c for c in close)}?)" if close else ""
             raise ValueError(f"{where}: the checkpoint manager reads no such key{hint}; accepted keys: {list(CHECKPOINT_KEYS)}")
         if value is None:
+            continue
+        if key == "save_lora_only":
+            if not isinstance(value, bool):
+                raise TypeError(f"{where}={value!r}: expected a boolean (true or false)")
             continue
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):

@@ -9,6 +9,12 @@ Directory written by `FSDPCheckpointManager.save_checkpoint(local_path, ...)`:
       extra_state_world_size_<W>_rank_<r>.pt   lr scheduler state and every RNG state of rank r
       checkpoint_meta.json              global_step, world_size, contents
 
+LoRA (a peft model): `model` writes `lora_adapter/` (peft format: `adapter_config.json` with the
+rank and alpha, `adapter_model.safetensors` with the adapter weights, plus the tokenizer), which is
+what resume loads (the frozen base comes from `model.path` again), and `huggingface/` holds the
+merged weights W + delta_W under the plain names, a model that loads without peft.
+`checkpoint.save_lora_only=True` leaves the merged export out unless `hf_model` is listed.
+
 Weights and optimizer state are full (gathered), so a checkpoint resumes on any world size; the
 RNG streams resume exactly when the world size is the same (otherwise they are left as they are
 and a warning says so). `huggingface/` loads directly with `from_pretrained` (e.g. as
@@ -30,15 +36,17 @@ from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, _bar
 from verl.utils.fsdp_utils import (
     get_full_optimizer_state_dict,
     get_full_state_dict,
+    get_lora_merged_state_dict,
     load_full_optimizer_state_dict,
     load_full_state_dict,
 )
 
-__all__ = ["FSDPCheckpointManager"]
+__all__ = ["FSDPCheckpointManager", "save_lora_adapter", "load_lora_adapter"]
 
 logger = logging.getLogger(__name__)
 
 HF_DIR = "huggingface"
+LORA_DIR = "lora_adapter"
 OPTIM_FILE = "optim.pt"
 META_FILE = "checkpoint_meta.json"
 
@@ -85,12 +93,70 @@ def _load_hf_weights(in_dir: str) -> dict[str, torch.Tensor]:
     return load_file(path)
 
 
+def _is_peft(model) -> bool:
+    from verl.utils.model import is_peft_model
+
+    return is_peft_model(model)
+
+
+def _adapter_key_map(model) -> dict[str, str]:
+    """peft adapter-file key -> key in `model.state_dict()`, as peft's own
+    `get_peft_model_state_dict` names them (adapter name dropped, `modules_to_save` copies under
+    the plain module name). Computed on placeholder values, so no weight is gathered."""
+    from peft import get_peft_model_state_dict
+
+    keys = list(model.state_dict().keys())
+    index = {k: torch.tensor(i) for i, k in enumerate(keys)}
+    picked = get_peft_model_state_dict(model, state_dict=index)
+    return {file_key: keys[int(t)] for file_key, t in picked.items()}
+
+
+def save_lora_adapter(model, state_dict: dict[str, torch.Tensor], out_dir: str, processing_class=None) -> None:
+    """Write the adapter in peft's format (what `PeftModel.from_pretrained(base, out_dir)` reads)."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    model.peft_config["default"].save_pretrained(out_dir)
+    adapter = get_peft_model_state_dict(model, state_dict=state_dict)
+    save_file({k: v.detach().cpu().contiguous() for k, v in adapter.items()}, os.path.join(out_dir, "adapter_model.safetensors"),
+              metadata={"format": "pt"})
+    if processing_class is not None:
+        processing_class.save_pretrained(out_dir)
+
+
+def load_lora_adapter(model, in_dir: str) -> None:
+    """Load `in_dir/adapter_model.safetensors` into the adapter of `model` (every rank passes
+    the full tensors; FSDP2 keeps its shards). Every adapter weight must be in the file."""
+    from safetensors.torch import load_file
+
+    path = os.path.join(in_dir, "adapter_model.safetensors")
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"LoRA checkpoint weights {path} are missing: this model trains a LoRA adapter and resumes from the "
+            f"{LORA_DIR}/ folder of a checkpoint (a full fine-tuning checkpoint cannot be resumed with lora_rank > 0)"
+        )
+    saved = load_file(path)
+    key_map = _adapter_key_map(model)
+    missing = sorted(set(key_map) - set(saved))
+    unexpected = sorted(set(saved) - set(key_map))
+    if missing or unexpected:
+        raise RuntimeError(f"LoRA adapter {path} does not match the model's adapter: missing {missing[:10]}, unexpected {unexpected[:10]}")
+    load_full_state_dict(model, {key_map[k]: v for k, v in saved.items()}, strict=False)
+
+
 class FSDPCheckpointManager(BaseCheckpointManager):
     """Save/load a model sharded with FSDP2 (or a plain module) with optimizer, scheduler, RNG.
 
     Every rank of the process group must call `save_checkpoint` / `load_checkpoint` (they are
     collective). See the module docstring for the layout.
     """
+
+    def __init__(self, model, optimizer=None, lr_scheduler=None, processing_class=None, checkpoint_config=None, process_group=None):
+        super().__init__(model, optimizer, lr_scheduler, processing_class=processing_class, checkpoint_config=checkpoint_config,
+                         process_group=process_group)
+        # LoRA: write only the adapter, no merged export (upstream's checkpoint.save_lora_only)
+        self.save_lora_only = bool(dict(checkpoint_config or {}).get("save_lora_only", False))
 
     def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None):
         if local_path is None:
@@ -106,7 +172,19 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         staging = self._begin_atomic(local_path)
         contents = set(self.save_contents)
 
-        if contents & {"model", "hf_model"}:
+        lora = _is_peft(self.model)
+        if lora and contents & {"model", "hf_model"}:
+            if "model" in contents:
+                state_dict = get_full_state_dict(self.model)  # collective
+                if self.rank == 0:
+                    save_lora_adapter(self.model, state_dict, os.path.join(staging, LORA_DIR), self.processing_class)
+                del state_dict
+            if "hf_model" in contents or not self.save_lora_only:
+                merged = get_lora_merged_state_dict(self.model)  # collective
+                if self.rank == 0:
+                    _save_hf_weights(self.model.get_base_model(), merged, os.path.join(staging, HF_DIR), self.processing_class)
+                del merged
+        elif contents & {"model", "hf_model"}:
             state_dict = get_full_state_dict(self.model)  # collective
             if self.rank == 0:
                 _save_hf_weights(self.model, state_dict, os.path.join(staging, HF_DIR), self.processing_class)
@@ -124,6 +202,8 @@ class FSDPCheckpointManager(BaseCheckpointManager):
             torch.save(extra, os.path.join(staging, _extra_file(self.world_size, self.rank)))
         if self.rank == 0:
             meta = {"global_step": int(global_step), "world_size": self.world_size, "contents": sorted(contents)}
+            if lora:
+                meta["lora"] = {"adapter_dir": LORA_DIR, "save_lora_only": self.save_lora_only}
             with open(os.path.join(staging, META_FILE), "w") as f:
                 json.dump(meta, f, indent=2)
 
@@ -180,7 +260,10 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         if missing:
             raise ValueError(f"checkpoint {local_path} does not contain {missing} (it has {sorted(saved)}); adjust checkpoint.load_contents")
 
-        if contents & {"model", "hf_model"}:
+        if contents & {"model", "hf_model"} and _is_peft(self.model):
+            # the base is frozen and was built from model.path; only the adapter is restored
+            load_lora_adapter(self.model, os.path.join(local_path, LORA_DIR))
+        elif contents & {"model", "hf_model"}:
             state_dict = _load_hf_weights(os.path.join(local_path, HF_DIR))
             load_full_state_dict(self.model, state_dict)
             del state_dict

@@ -28,7 +28,7 @@ import inspect
 import torch
 
 from verl.utils.fsdp_utils import autocast_context, full_parameters
-from verl.utils.model import accepts_logits_to_keep
+from verl.utils.model import accepts_logits_to_keep, unwrap_peft_model
 from verl.workers.rollout.base import BaseRollout, assemble_rollout_output, eos_id_list, logprob_temperature, register_rollout
 
 __all__ = ["HFRollout", "filter_logits_top_k_top_p"]
@@ -79,7 +79,7 @@ class HFRollout(BaseRollout):
 
     def _cache_kwarg(self) -> str:
         # transformers >= 5.2x names the KV-cache argument `cache` (`past_key_values` is deprecated)
-        params = inspect.signature(type(self.module).forward).parameters
+        params = inspect.signature(type(unwrap_peft_model(self.module)).forward).parameters  # a peft model passes kwargs on
         return "cache" if "cache" in params else "past_key_values"
 
     @staticmethod
