@@ -604,8 +604,11 @@ class RayPPOTrainer:
             for i, x in enumerate(v):
                 column[i] = x
             batch.non_tensor_batch[k] = column
-        errs = extra.get("score_error")
-        metrics["reward/score_errors"] = metrics.get("reward/score_errors", 0) + (int(sum(bool(e) for e in errs)) if errs else 0)
+        # counts over every round of a step (dynamic sampling scores several batches)
+        for column, name in (("score_error", "reward/score_errors"), ("score_timeout", "reward/score_timeouts"),
+                             ("math_verify_fallback", "reward/math_verify_fallbacks")):
+            flags = extra.get(column)
+            metrics[name] = metrics.get(name, 0) + (int(sum(bool(e) for e in flags)) if flags else 0)
         return batch
 
     def filter_groups(self, batch: DataProto, metrics: dict) -> DataProto:
