@@ -299,7 +299,9 @@ class ScorerPool:
                                                 f"(exit code {slot.proc.exitcode})")
             elif not slot.ready:
                 raise RuntimeError(f"a scoring worker process for {self.what} exited while starting "
-                                   f"(exit code {slot.proc.exitcode})")
+                                   f"(exit code {slot.proc.exitcode}; its error is printed above). A script that "
+                                   "scores at import time needs an `if __name__ == '__main__':` guard (spawned "
+                                   "processes import the main module)")
             self._replace(i)
 
     def _replace(self, i: int) -> None:
