@@ -278,3 +278,25 @@ def test_trainer_counts_errors_timeouts_and_fallbacks():
     RayPPOTrainer.compute_reward(fake, make_batch(["9$", "9$"], ["1", "1"]), {}, metrics)
     assert metrics["reward/score_errors"] == 3 and metrics["reward/score_timeouts"] == 3
     assert metrics["reward/math_verify_fallbacks"] == 0
+
+
+def test_filter_groups_metric_no_reward_produces_names_the_existing_ones():
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, select_groups_with_variance
+
+    def with_acc(data_source, solution_str, ground_truth, extra_info=None):
+        return {"score": float(solution_str == ground_truth), "acc": solution_str == ground_truth}
+
+    fake = SimpleNamespace(use_rm=False, reward_fn=NaiveRewardManager(CharTokenizer(), 0, with_acc))
+    batch = RayPPOTrainer.compute_reward(fake, make_batch(["1$", "2$"], ["1", "1"]), {}, {})
+    batch.non_tensor_batch["uid"] = np.array(["a", "a"], dtype=object)
+    assert select_groups_with_variance(batch, "acc")[1] == 1
+    with pytest.raises(ValueError) as e:
+        select_groups_with_variance(batch, "accuracy")
+    msg = str(e.value)
+    assert "filter_groups.metric='accuracy' is not produced by this run's reward" in msg
+    assert "'acc'" in msg and "'score_error'" in msg and "'seq_reward'" in msg
+    # a batch column that is not a reward metric is not accepted either
+    with pytest.raises(ValueError, match="metric='data_source' is not produced"):
+        select_groups_with_variance(batch, "data_source")

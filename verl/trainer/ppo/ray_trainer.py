@@ -179,14 +179,22 @@ def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, l
     return data
 
 
+FILTER_SCORE_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+
+
 def select_groups_with_variance(batch: DataProto, metric: str) -> tuple[DataProto, int, int]:
     """Rows of the groups (same `uid`) whose per-response `metric` is not constant.
 
     `metric` is a reward extra-info column (e.g. `acc`), or `score` / `seq_reward` /
     `seq_final_reward` for the summed `token_level_scores` (`acc` falls back to the score when
-    the scorer reports no `acc`). Returns (kept rows, kept groups, dropped groups).
+    the scorer reports no `acc`). The reward extra-info columns are those listed in
+    `batch.meta_info["reward_extra_keys"]` (set by `compute_reward`; without it, any non-tensor
+    column). An unknown metric fails, naming the metrics that exist. Returns (kept rows, kept
+    groups, dropped groups).
     """
-    if metric in batch.non_tensor_batch:
+    reward_keys = batch.meta_info.get("reward_extra_keys")
+    columns = list(batch.non_tensor_batch) if reward_keys is None else [k for k in reward_keys if k in batch.non_tensor_batch]
+    if metric in columns:
         values = []
         for i, v in enumerate(batch.non_tensor_batch[metric]):
             try:
@@ -194,12 +202,13 @@ def select_groups_with_variance(batch: DataProto, metric: str) -> tuple[DataProt
             except (TypeError, ValueError):
                 raise ValueError(f"algorithm.filter_groups.metric={metric!r}: row {i} holds {v!r}, not a number "
                                  "(does the scoring function report it for every response?)") from None
-    elif metric in ("acc", "score", "seq_reward", "seq_final_reward"):
+    elif metric in FILTER_SCORE_METRICS:
         values = batch.batch["token_level_scores"].sum(-1).tolist()
     else:
+        what = "columns of the batch" if reward_keys is None else "metrics the reward function reports"
         raise ValueError(
-            f"algorithm.filter_groups.metric={metric!r} is neither a reward extra-info column "
-            f"{sorted(batch.non_tensor_batch)} nor one of ['acc', 'score', 'seq_reward', 'seq_final_reward']"
+            f"algorithm.filter_groups.metric={metric!r} is not produced by this run's reward; {what}: "
+            f"{sorted(columns)}, and from the summed score: {list(FILTER_SCORE_METRICS)}"
         )
     by_uid: dict[Any, list[float]] = defaultdict(list)
     for uid, v in zip(batch.non_tensor_batch["uid"], values):
@@ -598,6 +607,7 @@ class RayPPOTrainer:
                 batch = batch.union(dp_compute(self.rm_wg, "compute_rm_score", batch))
             scores, extra = compute_reward(batch, self.reward_fn)
         batch.batch["token_level_scores"] = scores
+        batch.meta_info["reward_extra_keys"] = sorted(extra)  # the metrics filter_groups may select
         for k, v in extra.items():
             # one object per row (np.array would turn equal-length per-row lists into a 2-D array)
             column = np.empty(len(v), dtype=object)
@@ -614,6 +624,7 @@ class RayPPOTrainer:
     def filter_groups(self, batch: DataProto, metrics: dict) -> DataProto:
         """DAPO dynamic sampling: keep only groups (same uid) whose `filter_groups.metric` varies."""
         kept, n_kept, n_dropped = select_groups_with_variance(batch, self.cfg.algorithm.filter_groups.metric)
+        kept.meta_info.pop("reward_extra_keys", None)  # rounds are concatenated: their meta_info must agree
         metrics["filter_groups/kept_groups"] = metrics.get("filter_groups/kept_groups", 0) + n_kept
         metrics["filter_groups/dropped_groups"] = metrics.get("filter_groups/dropped_groups", 0) + n_dropped
         return kept
