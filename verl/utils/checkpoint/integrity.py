@@ -85,8 +85,8 @@ def disk_full_cause(exc: BaseException, path: str | None = None) -> str | None:
     e: BaseException | None = exc
     while e is not None and seen < 10:
         text = str(e)
-        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text \
-                or "unexpected pos" in text:
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "no space left" in text.lower() \
+                or "ENOSPC" in text or "unexpected pos" in text:
             break
         e = e.__cause__ or e.__context__
         seen += 1
@@ -202,12 +202,11 @@ def write_manifest(directory: str) -> str:
             rel = os.path.normpath(os.path.join(rel_dir, name))
             files[rel] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
     out = os.path.join(directory, MANIFEST_FILE)
-    tmp = out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    # written in place: `directory` is a staging directory nobody reads until it is renamed
+    with open(out, "w", encoding="utf-8") as fh:
         json.dump({"version": MANIFEST_VERSION, "files": files}, fh, indent=1, sort_keys=True)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, out)
     return out
 
 
