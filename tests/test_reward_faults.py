@@ -300,3 +300,16 @@ def test_filter_groups_metric_no_reward_produces_names_the_existing_ones():
     # a batch column that is not a reward metric is not accepted either
     with pytest.raises(ValueError, match="metric='data_source' is not produced"):
         select_groups_with_variance(batch, "data_source")
+
+
+def test_real_math_verify_decides_off_the_main_thread():
+    """With the package installed (extra `math`): its default signal-based timeouts raise in a
+    thread; our call disables them, so equivalence is decided there too, without fallbacks."""
+    pytest.importorskip("math_verify")
+    from verl.utils.reward_score import math as math_score
+
+    before = math_score.math_verify_fallbacks()
+    cases = [("\\boxed{\\frac{1}{2}}", "0.5", 1.0), ("\\boxed{x^2+2x}", "x(x+2)", 1.0), ("\\boxed{3}", "4", 0.0)]
+    got = _in_thread(lambda: [math_score.compute_score(a, b) for a, b, _ in cases])
+    assert got == [want for _, _, want in cases]
+    assert math_score.math_verify_fallbacks() == before
