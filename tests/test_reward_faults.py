@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from scorers_for_pools import sleeps_on_nine
 from test_reward_manager import CharTokenizer, make_batch
 
 from verl.workers.reward_manager import BatchRewardManager, DAPORewardManager, NaiveRewardManager, PrimeRewardManager
@@ -28,12 +29,6 @@ def nan_on_nine(data_source, solution_str, ground_truth, extra_info=None):
 
 def string_scorer(data_source, solution_str, ground_truth, extra_info=None):
     return "1.0" if solution_str == "7" else 1.0
-
-
-def sleeps_on_nine(data_source, solution_str, ground_truth, extra_info=None):
-    if solution_str == "9":
-        time.sleep(30)
-    return float(solution_str == ground_truth)
 
 
 def swallows_everything(data_source, solution_str, ground_truth, extra_info=None):
@@ -152,11 +147,12 @@ def test_timeout_off_the_main_thread_runs_in_a_killable_worker(cls):
         assert out["reward_extra_info"]["score_timeout"] == [False, True, False]
         pids = mgr._pool.pids()
         assert len(pids) == 1  # the killed worker was replaced
-        # warm: the second batch in a thread takes about one timeout for its one stuck call
+        # the second batch: one timeout for its stuck call (plus a fresh worker for the last row),
+        # not the 30 s the call would take
         t0 = time.monotonic()
         out = _in_thread(lambda: mgr(data, return_dict=True))
         assert out["reward_extra_info"]["score_timeout"] == [False, True, False]
-        assert time.monotonic() - t0 < 8
+        assert time.monotonic() - t0 < 25
     finally:
         mgr.close()
 
@@ -196,19 +192,19 @@ def test_prime_timeout_cuts_the_one_slow_call_and_scores_the_other_31():
     answers = ["1"] + [str(i % 8) for i in range(31)]
     data = make_batch(responses, answers)
     try:
-        t0 = time.monotonic()
-        out = mgr(data, return_dict=True)
-        cold = time.monotonic() - t0
+        out = mgr(data, return_dict=True)  # the first batch also starts the worker processes
         scores = out["reward_tensor"].sum(-1).tolist()
         assert scores == [-1.0] + [1.0] * 31
         assert sum(out["reward_extra_info"]["score_timeout"]) == 1
         assert sum(out["reward_extra_info"]["score_error"]) == 1
-        assert cold < timeout + 25, cold  # the worker processes start, then ~one timeout
         t0 = time.monotonic()
         out = mgr(data, return_dict=True)
         warm = time.monotonic() - t0
+        assert out["reward_tensor"].sum(-1).tolist() == [-1.0] + [1.0] * 31
         assert sum(out["reward_extra_info"]["score_timeout"]) == 1
-        assert warm < timeout + 6, warm  # about one timeout, not 30 s, not 32 timeouts
+        # about one timeout (5 s measured on an idle machine with timeout=5), not the 30 s of the
+        # stuck call nor 32 timeouts; the bound leaves room for a loaded machine
+        assert timeout <= warm < 20, warm
         assert mgr._pool.restarts == 2  # one killed worker per batch, replaced
     finally:
         mgr.close()
