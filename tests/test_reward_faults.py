@@ -309,3 +309,27 @@ def test_real_math_verify_decides_off_the_main_thread():
     got = _in_thread(lambda: [math_score.compute_score(a, b) for a, b, _ in cases])
     assert got == [want for _, _, want in cases]
     assert math_score.math_verify_fallbacks() == before
+
+
+class _FailsToLoadInAWorker:
+    """Pickles fine here; unpickling it in a worker raises (as a scorer whose module cannot be
+    imported there would)."""
+
+    def __call__(self, **kw):
+        return 1.0
+
+    def __reduce__(self):
+        return (_refuse_to_load, ())
+
+
+def _refuse_to_load():
+    raise KeyError("no such scorer here")
+
+
+def test_a_scorer_that_cannot_load_in_a_worker_is_named():
+    mgr = PrimeRewardManager(CharTokenizer(), 0, _FailsToLoadInAWorker(), num_processes=1, timeout=5.0)
+    try:
+        with pytest.raises(RuntimeError, match=r"could not load .*_FailsToLoadInAWorker.*KeyError"):
+            mgr(make_batch(["1$"], ["1"]))
+    finally:
+        mgr.close()

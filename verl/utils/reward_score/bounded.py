@@ -35,6 +35,9 @@ __all__ = ["ScoreTimeout", "CallOutcome", "alarm_available", "call_with_alarm", 
 
 # seconds a fresh worker process may take to import the user files and be ready
 WORKER_START_TIMEOUT_S = 300.0
+# workers of one pool that may die while starting before the pool gives up (a transient failure
+# is retried; a scorer that cannot be imported fails every time)
+MAX_START_FAILURES = 3
 
 
 class ScoreTimeout(BaseException):
@@ -183,6 +186,7 @@ class ScorerPool:
         self._ctx = mp.get_context("spawn")
         self._slots: list[_Slot | None] = [None] * self.num_processes
         self.restarts = 0  # worker processes replaced after a timeout or a crash
+        self.start_failures = 0  # workers that died before they were ready (a persistent cause raises)
 
     # -- process management --------------------------------------------------------------------
     def _start(self, i: int) -> None:
@@ -298,6 +302,12 @@ class ScorerPool:
                 results[slot.job] = CallOutcome(False, error=f"the scoring worker process died during the call "
                                                 f"(exit code {slot.proc.exitcode})")
             elif not slot.ready:
+                self.start_failures += 1
+                if self.start_failures <= MAX_START_FAILURES:
+                    logger.warning("a scoring worker process for %s exited while starting (exit code %s); starting "
+                                   "another", self.what, slot.proc.exitcode)
+                    self._replace(i)
+                    return
                 raise RuntimeError(f"a scoring worker process for {self.what} exited while starting "
                                    f"(exit code {slot.proc.exitcode}; its error is printed above). A script that "
                                    "scores at import time needs an `if __name__ == '__main__':` guard (spawned "
