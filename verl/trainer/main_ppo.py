@@ -103,6 +103,9 @@ def _init_ray(ray_init: dict) -> bool:
 
         session_dir = ray._private.worker._global_node.get_session_dir_path()
         _init_ray.watchdog = driver_watchdog.start(session_dir)  # kept: its pipe lives as long as this process
+        if _init_ray.watchdog is None:
+            logger.warning("no Ray session watchdog (needs psutil on POSIX): if this driver is killed, Ray "
+                           "processes may stay behind")
     except Exception as exc:  # noqa: BLE001 - the run works without it; leftovers are then possible
         logger.warning("could not start the Ray session watchdog (%s): if this driver is killed, Ray processes "
                        "may stay behind", exc)
