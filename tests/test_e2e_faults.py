@@ -6,7 +6,6 @@ import logging
 import os
 
 import pytest
-
 from test_e2e_ppo import assets, run  # noqa: F401 - the module-scoped fixture is reused
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -21,7 +20,7 @@ def _steps_in_log(run_dir) -> list[int]:
         return [json.loads(line)["step"] for line in fh]
 
 
-def test_saved_step_metrics_survive_a_kill_and_a_damaged_checkpoint_falls_back(ray_session, assets, tmp_path, caplog):
+def test_saved_step_metrics_survive_a_kill_and_a_damaged_checkpoint_falls_back(ray_session, assets, tmp_path, caplog):  # noqa: F811
     run_dir = tmp_path / "r"
     run(assets, run_dir, *COMMON, "trainer.total_training_steps=2")
     log = os.path.join(run_dir, "log", "metrics.jsonl")

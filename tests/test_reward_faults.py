@@ -11,11 +11,15 @@ import types
 import numpy as np
 import pytest
 import torch
-
 from scorers_for_pools import sleeps_on_nine
 from test_reward_manager import CharTokenizer, make_batch
 
-from verl.workers.reward_manager import BatchRewardManager, DAPORewardManager, NaiveRewardManager, PrimeRewardManager
+from verl.workers.reward_manager import (
+    BatchRewardManager,
+    DAPORewardManager,
+    NaiveRewardManager,
+    PrimeRewardManager,
+)
 
 
 # ------------------------------------------------------------------ module-level scorers (they pickle)

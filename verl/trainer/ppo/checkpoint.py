@@ -36,7 +36,12 @@ import re
 import shutil
 from typing import Callable
 
-from verl.utils.checkpoint.integrity import CheckpointCorruptError, disk_full_cause, verify_manifest, write_manifest
+from verl.utils.checkpoint.integrity import (
+    CheckpointCorruptError,
+    disk_full_cause,
+    verify_manifest,
+    write_manifest,
+)
 from verl.utils.fs import atomic_write_text, fsync_dir, fsync_tree
 
 logger = logging.getLogger(__name__)

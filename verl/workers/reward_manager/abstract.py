@@ -40,7 +40,13 @@ from typing import Any, Callable
 
 import torch
 
-from verl.utils.reward_score.bounded import CallOutcome, ScorerPool, alarm_available, call_with_alarm, callable_name
+from verl.utils.reward_score.bounded import (
+    CallOutcome,
+    ScorerPool,
+    alarm_available,
+    call_with_alarm,
+    callable_name,
+)
 
 logger = logging.getLogger(__name__)
 
