@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from scorers_for_pools import sleeps_on_nine
+from scorers_for_pools import batched_sleeper, sleeps_on_nine, stubborn_on_nine
 from test_reward_manager import CharTokenizer, make_batch
 
 from verl.workers.reward_manager import (
@@ -44,12 +44,6 @@ def swallows_everything(data_source, solution_str, ground_truth, extra_info=None
         return 1.0
     except Exception:  # noqa: BLE001 - the point of the test
         return 5.0
-
-
-def batched_sleeper(data_sources, solution_strs, ground_truths, extra_infos):
-    if "9" in solution_strs:
-        time.sleep(30)
-    return [1.0] * len(solution_strs)
 
 
 def numeric_types(data_source, solution_str, ground_truth, extra_info=None):
@@ -179,6 +173,19 @@ def test_batch_manager_timeout_marks_the_whole_batch():
     assert out["reward_tensor"].sum(-1).tolist() == [1.0, 1.0]
 
 
+def test_batch_manager_timeout_off_the_main_thread():
+    mgr = BatchRewardManager(CharTokenizer(), 0, batched_sleeper, timeout=1.0)
+    try:
+        t0 = time.monotonic()
+        out = _in_thread(lambda: mgr(make_batch(["1$", "9$"], ["1", "1"]), return_dict=True))
+        assert out["reward_extra_info"]["score_timeout"] == [True, True]
+        assert time.monotonic() - t0 < 25  # not the 30 s of the call
+        out = _in_thread(lambda: mgr(make_batch(["1$", "2$"], ["1", "1"]), return_dict=True))
+        assert out["reward_tensor"].sum(-1).tolist() == [1.0, 1.0]
+    finally:
+        mgr.close()
+
+
 def test_timeout_values_are_checked():
     assert NaiveRewardManager(CharTokenizer(), 0, nan_on_nine).timeout == 30.0
     for bad in (0, -1, "soon", True):
@@ -190,8 +197,10 @@ def test_timeout_values_are_checked():
 
 @pytest.mark.slow
 def test_prime_timeout_cuts_the_one_slow_call_and_scores_the_other_31():
+    # the stuck call swallows every Exception: only killing its process ends it (before: the batch
+    # waited for a parent deadline of timeout + 30 s)
     timeout = 2.0
-    mgr = PrimeRewardManager(CharTokenizer(), 0, sleeps_on_nine, num_processes=4, timeout=timeout, error_score=-1.0)
+    mgr = PrimeRewardManager(CharTokenizer(), 0, stubborn_on_nine, num_processes=4, timeout=timeout, error_score=-1.0)
     responses = ["9$"] + [f"{i % 8}$" for i in range(31)]
     answers = ["1"] + [str(i % 8) for i in range(31)]
     data = make_batch(responses, answers)
