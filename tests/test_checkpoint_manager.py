@@ -46,7 +46,8 @@ def test_save_load_resumes_exactly(model_dir, tmp_path):
     _train_step(model, opt, sched)
     path = str(tmp_path / "global_step_1" / "actor")
     mgr.save_checkpoint(path, global_step=1)
-    assert sorted(os.listdir(path)) == ["checkpoint_meta.json", "extra_state_world_size_1_rank_0.pt", "huggingface", "optim.pt"]
+    assert sorted(os.listdir(path)) == ["checkpoint_meta.json", "extra_state_world_size_1_rank_0.pt", "huggingface",
+                                       "manifest.json", "optim.pt"]
     assert not os.path.exists(path + ".incomplete")
     # the weights are a loadable Hugging Face model directory with its tokenizer
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(path, "huggingface"))
@@ -101,7 +102,7 @@ def test_contents_selection_and_missing_contents(model_dir, tmp_path):
     model, opt, sched, mgr = _setup(model_dir, save_contents=["model"])
     path = str(tmp_path / "weights_only")
     mgr.save_checkpoint(path)
-    assert sorted(os.listdir(path)) == ["checkpoint_meta.json", "huggingface"]
+    assert sorted(os.listdir(path)) == ["checkpoint_meta.json", "huggingface", "manifest.json"]
     _, _, _, full = _setup(model_dir)  # wants model + optimizer + extra
     with pytest.raises(ValueError, match=r"does not contain \['extra', 'optimizer'\]"):
         full.load_checkpoint(path)
@@ -135,3 +136,80 @@ def test_tracker_helpers(tmp_path):
     with open(get_checkpoint_tracker_filename(root), "w") as f:
         f.write("7")
     assert find_latest_ckpt_path(root) is None  # tracker points at a missing directory
+
+
+# ------------------------------------------------------------------ safety and damage (issue 15)
+def test_pt_files_load_with_weights_only_and_hold_only_plain_objects(model_dir, tmp_path):
+    from verl.utils.checkpoint.integrity import load_plain
+
+    model, opt, sched, mgr = _setup(model_dir)
+    _train_step(model, opt, sched)
+    path = str(tmp_path / "ckpt")
+    mgr.save_checkpoint(path, global_step=1)
+    for name in ("optim.pt", "extra_state_world_size_1_rank_0.pt"):
+        torch.load(os.path.join(path, name), weights_only=True)  # raises on anything but plain objects
+    extra = load_plain(os.path.join(path, "extra_state_world_size_1_rank_0.pt"))
+    assert isinstance(extra["rng"]["numpy"], dict)  # numpy's ndarray state stored as lists
+
+
+class Opaque:
+    """Stands for any class: unpickling it means importing and running code named by the file."""
+
+
+def test_a_pickled_object_is_refused_on_load(tmp_path):
+    from verl.utils.checkpoint.integrity import CheckpointCorruptError, load_plain, save_plain
+
+    path = str(tmp_path / "evil.pt")
+    torch.save({"x": Opaque()}, path)
+    with pytest.raises(CheckpointCorruptError, match=r"evil\.pt holds an object other than .*test_checkpoint_manager.Opaque.*refused"):
+        load_plain(path)
+    with pytest.raises(TypeError, match=r"state\['x'\] is a test_checkpoint_manager.Opaque"):
+        save_plain({"x": Opaque()}, path, "state")
+
+
+@pytest.mark.parametrize("victim", ["optim.pt", "extra_state_world_size_1_rank_0.pt", "huggingface/model.safetensors",
+                                    "checkpoint_meta.json"])
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_file_is_named_on_load(model_dir, tmp_path, victim, damage):
+    from verl.utils.checkpoint.integrity import CheckpointCorruptError
+
+    model, opt, sched, mgr = _setup(model_dir)
+    path = str(tmp_path / "ckpt")
+    mgr.save_checkpoint(path, global_step=1)
+    target = os.path.join(path, victim)
+    data = open(target, "rb").read()
+    with open(target, "wb") as fh:
+        if damage == "truncate":
+            fh.write(data[: len(data) // 2])
+        else:
+            fh.write(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(CheckpointCorruptError, match="truncated" if damage == "truncate" else "damaged") as e:
+        _setup(model_dir)[3].load_checkpoint(path)
+    assert e.value.path == target and victim.split("/")[-1] in str(e.value)
+
+
+def test_disk_full_during_save_names_directory_step_and_cause(model_dir, tmp_path, monkeypatch):
+    import errno
+
+    from verl.utils.checkpoint import integrity
+
+    model, opt, sched, mgr = _setup(model_dir)
+    good = str(tmp_path / "global_step_1" / "actor")
+    mgr.save_checkpoint(good, global_step=1)
+    real_save = torch.save
+
+    def full_disk(obj, f, *a, **kw):
+        if str(f).endswith("optim.pt"):
+            # what torch's zip writer raises when a write hits ENOSPC
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 1472 vs 1366")
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(integrity.torch, "save", full_disk)
+    target = str(tmp_path / "global_step_2" / "actor")
+    with pytest.raises(OSError) as e:
+        mgr.save_checkpoint(target, global_step=2)
+    msg = str(e.value)
+    assert e.value.errno == errno.ENOSPC
+    assert "step 2" in msg and target in msg and "no space left on the device (ENOSPC" in msg
+    assert not os.path.exists(target) and not os.path.exists(target + ".incomplete")
+    assert _setup(model_dir)[3].load_checkpoint(good)["global_step"] == 1  # the previous one is intact

@@ -347,3 +347,19 @@ def test_rl_batches_through_the_loader(tmp_path, tokenizer):
     assert len(batches) == 2
     assert batches[0]["input_ids"].shape == (4, 16)
     assert isinstance(batches[0]["extra_info"], np.ndarray)
+
+
+def test_missing_or_null_ground_truth_names_file_and_row(tmp_path, tokenizer):
+    # parquet keeps the key of a struct field with a null value: the null case of a real file
+    path = _parquet(tmp_path / "gt.parquet", [_row(0), _row(1, reward_model={"style": "rule", "ground_truth": None})])
+    with pytest.raises(ValueError, match=r"gt\.parquet \(row 1\): reward_model\.ground_truth is null"):
+        RLHFDataset(path, tokenizer, CFG)
+    path = _jsonl(tmp_path / "nogt.jsonl", [_row(0), _row(1), _row(2, reward_model={"style": "rule"})])
+    with pytest.raises(KeyError, match=r"nogt\.jsonl \(row 2\): reward_model has no 'ground_truth'"):
+        RLHFDataset(path, tokenizer, CFG)
+    path = _jsonl(tmp_path / "null_rm.jsonl", [_row(0, reward_model=None)])
+    with pytest.raises(TypeError, match=r"null_rm\.jsonl \(row 0\).*'reward_model' must be a dict"):
+        RLHFDataset(path, tokenizer, CFG)
+    # rows scored by a reward model may leave it null
+    path = _jsonl(tmp_path / "rm.jsonl", [_row(0, reward_model={"style": "model", "ground_truth": None})])
+    assert len(RLHFDataset(path, tokenizer, CFG)) == 1

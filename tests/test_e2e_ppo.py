@@ -140,14 +140,15 @@ def test_grpo_with_kl_loss_custom_reward_checkpoint_and_plot(ray_session, assets
     assert s2["critic/score/min"] >= 0.5  # the reward_kwargs bonus reached the user function
     for key in ("timing_s/gen", "timing_s/ref", "timing_s/update_actor", "timing_s/step", "perf/throughput",
                 "perf/mfu/step", "response_length/clip_ratio", "critic/advantages/mean", "val-core/e2e_toy/reward/mean@1",
-                "val-core/e2e_toy/acc/mean@1", "reward/score_errors"):
+                "val-core/e2e_toy/acc/mean@1", "reward/score_errors",
+                "reward/score_timeouts", "reward/math_verify_fallbacks"):
         assert key in s2, key
     # one mini-batch x one epoch: the separate old-log-prob pass is skipped
     assert "timing_s/old_log_prob" not in s2
     assert out["val-core/e2e_toy/reward/mean@1"] == s2["val-core/e2e_toy/reward/mean@1"]
     ckpt = tmp_path / "ckpt"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
-    assert sorted(os.listdir(ckpt / "global_step_2")) == ["actor", "data.pt", "trainer_state.pt"]
+    assert sorted(os.listdir(ckpt / "global_step_2")) == ["actor", "data.pt", "manifest.json", "trainer_state.pt"]
     png = tmp_path / "log" / "curves.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
 

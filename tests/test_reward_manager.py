@@ -165,25 +165,21 @@ def test_batch_manager_calls_once_and_counts_a_failing_batch():
     assert out["reward_extra_info"]["score_error"] == [True, True]
 
 
-def slow_scorer(data_source, solution_str, ground_truth, extra_info=None):
-    if solution_str == "9":
-        time.sleep(30)
-    if solution_str == "8":
-        raise KeyError("bad")
-    return float(solution_str == ground_truth)
-
-
 @pytest.mark.slow
 def test_prime_manager_parallel_with_timeout_and_errors():
-    mgr = PrimeRewardManager(CharTokenizer(), 0, slow_scorer, num_processes=2, timeout=3.0, error_score=-1.0)
+    from scorers_for_pools import slow_or_failing
+
+    mgr = PrimeRewardManager(CharTokenizer(), 0, slow_or_failing, num_processes=2, timeout=3.0, error_score=-1.0)
     try:
+        assert mgr(make_batch(["1$"], ["1"])).sum().item() == 1.0  # starts the worker processes
         t0 = time.monotonic()
         out = mgr(make_batch(["1$", "9$", "8$", "2$"], ["1", "9", "8", "1"]), return_dict=True)
         elapsed = time.monotonic() - t0
         assert out["reward_tensor"].sum(-1).tolist() == [1.0, -1.0, -1.0, 0.0]
         assert out["reward_extra_info"]["score_error"] == [False, True, True, False]
+        assert out["reward_extra_info"]["score_timeout"] == [False, True, False, False]
         assert elapsed < 20, elapsed  # the 30 s call was cut by the timeout
-        # the pool was torn down after the timeout; the next call builds a fresh one and works
+        # the killed worker was replaced; the next batch works
         out = mgr(make_batch(["1$"], ["1"]))
         assert out.sum().item() == 1.0
     finally:

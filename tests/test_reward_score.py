@@ -101,13 +101,14 @@ def test_math_compute_score(monkeypatch):
 def test_math_uses_math_verify_when_importable(monkeypatch):
     calls = []
     fake = types.ModuleType("math_verify")
-    fake.parse = lambda s: [s]
-    fake.verify = lambda gold, pred: calls.append((gold, pred)) or True  # says "equal" to anything
+    # called with math_verify's signal-based timeouts off (they fail outside the main thread)
+    fake.parse = lambda s, parsing_timeout=5: calls.append(("parse", parsing_timeout)) or [s]
+    fake.verify = lambda gold, pred, timeout_seconds=5: calls.append((gold, pred, timeout_seconds)) or True
     monkeypatch.setitem(sys.modules, "math_verify", fake)
-    assert math_score.compute_score(r"\boxed{x^2}", "y") == 1.0
-    assert calls == [([r"\boxed{y}"], [r"\boxed{x^2}"])]
+    assert math_score.compute_score(r"\boxed{x^2}", "y") == 1.0  # the fake says "equal" to anything
+    assert calls == [("parse", None), ("parse", None), ([r"\boxed{y}"], [r"\boxed{x^2}"], None)]
     # a parser failure falls back to the normaliser
-    fake.parse = lambda s: (_ for _ in ()).throw(RuntimeError("bad latex"))
+    fake.parse = lambda s, parsing_timeout=5: (_ for _ in ()).throw(RuntimeError("bad latex"))
     assert math_score.compute_score(r"\boxed{x^2}", "y") == 0.0
 
 

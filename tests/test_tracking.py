@@ -60,3 +60,27 @@ def test_plot_from_jsonl(tmp_path):
     data = (tmp_path / "c.png").read_bytes()
     assert png and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert plot_training_curves([(1, {"other": 1.0})], str(tmp_path / "none.png")) is None
+
+
+def test_file_logger_knows_its_steps_syncs_and_cuts_a_partial_last_line(tmp_path, monkeypatch):
+    import os
+
+    tr = Tracking("p", "e", ["file"], log_dir=str(tmp_path))
+    tr.log({"a": 1.0}, step=1)
+    tr.log({"a": 2.0}, step=2)
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    tr.sync()
+    assert synced  # the line is on disk, not only in the page cache
+    assert tr.has_logged_step(2) is True and tr.has_logged_step(3) is False
+    tr.finish()
+    # a crash mid-write leaves half a record: cut off, so the file stays valid JSON lines
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "a") as fh:
+        fh.write('{"step": 3, "data": {"a"')
+    tr = Tracking("p", "e", ["file"], log_dir=str(tmp_path))
+    tr.log({"a": 3.0}, step=3)
+    tr.finish()
+    assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [1, 2, 3]
+    assert Tracking("p", "e", ["console"], log_dir=str(tmp_path), console_write=lambda s: None).has_logged_step(1) is None

@@ -227,7 +227,15 @@ def fill_embedded_defaults(config: DictConfig) -> DictConfig:
 
 def _init_ray(ray_init: dict) -> bool:
     """Start a private loopback Ray (returns True) or join an existing cluster (`address` in
-    `ray_kwargs.ray_init` or RAY_ADDRESS; returns True); False when Ray is already initialised."""
+    `ray_kwargs.ray_init` or RAY_ADDRESS; returns True); False when Ray is already initialised.
+
+    The private Ray listens on 127.0.0.1 only: Ray turns `_node_ip_address=127.0.0.1` into the
+    machine's reachable address unless its cluster mode is off (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`,
+    set here unless already set), and its servers bind all interfaces unless the node address is
+    127.0.0.1. A watchdog process (`verl.utils.driver_watchdog`) terminates the session's processes
+    if this driver dies without `ray.shutdown()` (SIGKILL). See docs/gpu_and_multinode.md to open
+    Ray to other machines.
+    """
     import ray
 
     if ray.is_initialized():
@@ -247,7 +255,25 @@ def _init_ray(ray_init: dict) -> bool:
     init_kwargs.setdefault("include_dashboard", False)
     init_kwargs.setdefault("logging_level", "WARNING")
     init_kwargs.setdefault("_node_ip_address", "127.0.0.1")
+    if init_kwargs["_node_ip_address"] in ("127.0.0.1", "localhost"):
+        # read by Ray at import time (already done) and at ray.init: set both
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"].lower() in ("1", "true")
+        init_kwargs.setdefault("dashboard_host", "127.0.0.1")
     ray.init(**init_kwargs)
+    try:
+        from verl.utils import driver_watchdog
+
+        session_dir = ray._private.worker._global_node.get_session_dir_path()
+        _init_ray.watchdog = driver_watchdog.start(session_dir)  # kept: its pipe lives as long as this process
+        if _init_ray.watchdog is None:
+            logger.warning("no Ray session watchdog (needs psutil on POSIX): if this driver is killed, Ray "
+                           "processes may stay behind")
+    except Exception as exc:  # noqa: BLE001 - the run works without it; leftovers are then possible
+        logger.warning("could not start the Ray session watchdog (%s): if this driver is killed, Ray processes "
+                       "may stay behind", exc)
     return True
 
 

@@ -104,11 +104,17 @@ class ConsoleLogger:
 
 
 class FileLogger:
-    """Appends `{"step": N, "data": {...}}` lines; a resumed run keeps appending to the same file."""
+    """Appends `{"step": N, "data": {...}}` lines; a resumed run keeps appending to the same file.
+
+    Each line is flushed when written (a killed process loses no logged step); `sync()` also
+    fsyncs it (called before a checkpoint is published, so a power loss cannot lose steps older
+    than the checkpoint). A partial last line left by a crash mid-write is cut off on open.
+    """
 
     def __init__(self, path: str):
         self.path = path
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        _drop_partial_last_line(path)
         self._fh = open(path, "a", encoding="utf-8")
 
     def log(self, data: dict, step: int) -> None:
@@ -116,9 +122,53 @@ class FileLogger:
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
 
+    def sync(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
+    def logged_steps(self) -> set[int]:
+        """Steps with a record in the file (written by this run or an earlier one)."""
+        self.sync()
+        steps = set()
+        with open(self.path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    steps.add(int(json.loads(line)["step"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+        return steps
+
     def finish(self) -> None:
         if not self._fh.closed:
             self._fh.close()
+
+
+def _drop_partial_last_line(path: str) -> None:
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb+") as fh:
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) == b"\n":
+            return
+        # find the end of the last complete line
+        size = fh.tell()
+        pos, chunk = size, 4096
+        while pos > 0:
+            start = max(pos - chunk, 0)
+            fh.seek(start)
+            block = fh.read(pos - start)
+            nl = block.rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                break
+            pos = start
+        else:
+            keep = 0
+        fh.truncate(keep)
+    import logging
+
+    logging.getLogger(__name__).warning("%s ended with a partial record (a crash while writing); it was cut off", path)
 
 
 class TensorboardLogger:
@@ -219,6 +269,17 @@ class Tracking:
         for name, lg in self.loggers.items():
             if backend is None or name in backend:
                 lg.log(data, step)
+
+    def sync(self) -> None:
+        """Make every logged line durable (fsync the metrics file)."""
+        fl = self.loggers.get("file")
+        if fl is not None:
+            fl.sync()
+
+    def has_logged_step(self, step: int) -> bool | None:
+        """Whether the metrics file has a record of `step`; None without a `file` backend."""
+        fl = self.loggers.get("file")
+        return None if fl is None else step in fl.logged_steps()
 
     def finish(self) -> None:
         for lg in self.loggers.values():

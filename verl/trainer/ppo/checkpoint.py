@@ -7,7 +7,10 @@ Layout under `trainer.default_local_dir`::
         actor/                           the actor worker group's files (model, optimizer, scheduler, RNG)
         critic/                          the critic's, when there is one
         data.pt                          dataloader state (position in the epoch, sampler state)
-        trainer_state.pt                 step counter, driver RNG states, KL controller, hook state
+        trainer_state.pt                 step counter, driver RNG states, KL controller, hook state,
+                                         the step's metrics (re-logged on resume if the log lacks them)
+        manifest.json                    size and SHA-256 of every file (a part's own manifest covers
+                                         its files), written last, before the rename
 
 Atomicity: everything is written into a hidden sibling `.tmp_global_step_N_<pid>` first; only when
 all writers returned (and their files are fsynced) is it renamed to `global_step_N` (a rename within one directory is atomic),
@@ -15,16 +18,30 @@ and only then is the tracker file replaced (also atomically). A crash at any poi
 the previous checkpoint as the newest one, or the new one complete; half-written directories are
 hidden, ignored by discovery and removed at the next start. (Workers on other nodes must see the
 same directory: multi-node runs need a shared file system for checkpoints.)
+
+Integrity: `.pt` files hold only tensors and plain containers and load with
+`torch.load(weights_only=True)`. Before resuming, the checkpoint is verified against its manifest;
+a damaged or truncated file is named. With `resume_mode=auto` a damaged newest checkpoint is
+skipped with a warning and the previous complete one is used (`checkpoint_to_resume`). A failed
+save (a full disk, typically) raises naming the directory, the step and the cause; the previous
+checkpoint and the tracker are untouched.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import shutil
 from typing import Callable
 
+from verl.utils.checkpoint.integrity import (
+    CheckpointCorruptError,
+    disk_full_cause,
+    verify_manifest,
+    write_manifest,
+)
 from verl.utils.fs import atomic_write_text, fsync_dir, fsync_tree
 
 logger = logging.getLogger(__name__)
@@ -103,10 +120,14 @@ def save_checkpoint_atomically(root_path: str, step: int, write_fn: Callable[[st
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        write_fn(tmp)
-        if not os.path.isfile(os.path.join(tmp, TRAINER_STATE_FILE)):
-            raise RuntimeError(f"checkpoint writer produced no {TRAINER_STATE_FILE} in {tmp}")
-        fsync_tree(tmp)  # the files are on disk before their directory is published
+        try:
+            write_fn(tmp)
+            if not os.path.isfile(os.path.join(tmp, TRAINER_STATE_FILE)):
+                raise RuntimeError(f"checkpoint writer produced no {TRAINER_STATE_FILE} in {tmp}")
+            write_manifest(tmp)  # last: a directory with a manifest was written completely
+            fsync_tree(tmp)  # the files are on disk before their directory is published
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the directory, the step and the cause
+            raise _save_error(exc, root_path, step) from exc
         final = step_dir(root_path, step)
         if os.path.exists(final):
             # the same step saved again (e.g. a run restarted from an older checkpoint): the old
@@ -121,6 +142,56 @@ def save_checkpoint_atomically(root_path: str, step: int, write_fn: Callable[[st
         raise
     atomic_write_text(get_checkpoint_tracker_filename(root_path), str(step))
     return final
+
+
+def _save_error(exc: Exception, root_path: str, step: int) -> Exception:
+    previous = find_latest_ckpt_path(root_path)
+    kept = f"; the previous checkpoint {previous} is intact" if previous else ""
+    cause = disk_full_cause(exc, root_path)
+    if cause:
+        return OSError(errno.ENOSPC, f"saving the checkpoint of step {step} into {root_path} failed: {cause}{kept}. "
+                       "Free space there, point trainer.default_local_dir elsewhere, or keep fewer checkpoints "
+                       "(trainer.max_actor_ckpt_to_keep)")
+    text = str(exc).strip().splitlines()
+    message = f"saving the checkpoint of step {step} into {root_path} failed: {type(exc).__name__}: " \
+              f"{text[0] if text else ''}{kept}"
+    if isinstance(exc, OSError):
+        return OSError(exc.errno, message) if exc.errno is not None else OSError(message)
+    return RuntimeError(message)
+
+
+def verify_checkpoint(path: str) -> bool:
+    """Check `path` against its manifest(s); raises `CheckpointCorruptError` naming the bad file.
+    False when it has no manifest (written by an older version; a warning says it is unchecked)."""
+    if verify_manifest(path, recursive=True):
+        return True
+    logger.warning("checkpoint %s has no manifest (written by an older version): resuming without verifying it", path)
+    return False
+
+
+def checkpoint_to_resume(root_path: str) -> str | None:
+    """`resume_mode=auto`: the newest checkpoint under `root_path` that verifies, else None when
+    there is none. A damaged one is skipped with a warning naming its bad file; if every
+    checkpoint is damaged, the error lists them (starting from scratch would hide it)."""
+    newest = find_latest_ckpt_path(root_path)
+    if newest is None:
+        return None
+    candidates = [newest] + [p for _, p in reversed(list_checkpoints(root_path)) if p != newest and step_of(p) < step_of(newest)]
+    problems = []
+    for path in candidates:
+        try:
+            verify_checkpoint(path)
+        except CheckpointCorruptError as exc:
+            problems.append(str(exc))
+            logger.warning("resume: checkpoint %s is damaged (%s); falling back to the previous complete checkpoint",
+                           path, exc)
+            continue
+        if problems:
+            logger.warning("resume: using %s instead of the damaged newer checkpoint(s)", path)
+        return path
+    raise CheckpointCorruptError(
+        f"every checkpoint under {root_path} is damaged: {'; '.join(problems)}. Remove or repair them, or set "
+        "trainer.resume_mode=disable to start from scratch", candidates[0])
 
 
 def prune_checkpoints(root_path: str, max_actor_ckpt_to_keep: int | None, max_critic_ckpt_to_keep: int | None,

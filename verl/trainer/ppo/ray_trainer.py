@@ -47,11 +47,12 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import AdvantageEstimator  # noqa: F401 - upstream users import it from here
 from verl.trainer.ppo.checkpoint import (
     TRAINER_STATE_FILE,
-    find_latest_ckpt_path,
+    checkpoint_to_resume,
     prune_checkpoints,
     remove_stale_tmp_dirs,
     save_checkpoint_atomically,
     step_of,
+    verify_checkpoint,
 )
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -69,6 +70,7 @@ from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
 from verl.trainer.ppo.utils import Role, ValidatedConfig, reference_in_actor, validate_config
 from verl.utils.py_functional import config_get
 from verl.utils.torch_functional import masked_mean
+from verl.utils.checkpoint.integrity import load_plain, rng_state_from_plain, rng_state_to_plain, save_plain
 from verl.utils.tracking import to_jsonable
 from verl.workers.reward_manager.registry import load_object
 
@@ -216,14 +218,22 @@ def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, l
     return data
 
 
+FILTER_SCORE_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+
+
 def select_groups_with_variance(batch: DataProto, metric: str) -> tuple[DataProto, int, int]:
     """Rows of the groups (same `uid`) whose per-response `metric` is not constant.
 
     `metric` is a reward extra-info column (e.g. `acc`), or `score` / `seq_reward` /
     `seq_final_reward` for the summed `token_level_scores` (`acc` falls back to the score when
-    the scorer reports no `acc`). Returns (kept rows, kept groups, dropped groups).
+    the scorer reports no `acc`). The reward extra-info columns are those listed in
+    `batch.meta_info["reward_extra_keys"]` (set by `compute_reward`; without it, any non-tensor
+    column). An unknown metric fails, naming the metrics that exist. Returns (kept rows, kept
+    groups, dropped groups).
     """
-    if metric in batch.non_tensor_batch:
+    reward_keys = batch.meta_info.get("reward_extra_keys")
+    columns = list(batch.non_tensor_batch) if reward_keys is None else [k for k in reward_keys if k in batch.non_tensor_batch]
+    if metric in columns:
         values = []
         for i, v in enumerate(batch.non_tensor_batch[metric]):
             try:
@@ -231,12 +241,13 @@ def select_groups_with_variance(batch: DataProto, metric: str) -> tuple[DataProt
             except (TypeError, ValueError):
                 raise ValueError(f"algorithm.filter_groups.metric={metric!r}: row {i} holds {v!r}, not a number "
                                  "(does the scoring function report it for every response?)") from None
-    elif metric in ("acc", "score", "seq_reward", "seq_final_reward"):
+    elif metric in FILTER_SCORE_METRICS:
         values = batch.batch["token_level_scores"].sum(-1).tolist()
     else:
+        what = "columns of the batch" if reward_keys is None else "metrics the reward function reports"
         raise ValueError(
-            f"algorithm.filter_groups.metric={metric!r} is neither a reward extra-info column "
-            f"{sorted(batch.non_tensor_batch)} nor one of ['acc', 'score', 'seq_reward', 'seq_final_reward']"
+            f"algorithm.filter_groups.metric={metric!r} is not produced by this run's reward; {what}: "
+            f"{sorted(columns)}, and from the summed score: {list(FILTER_SCORE_METRICS)}"
         )
     by_uid: dict[Any, list[float]] = defaultdict(list)
     for uid, v in zip(batch.non_tensor_batch["uid"], values):
@@ -640,19 +651,24 @@ class RayPPOTrainer:
                 batch = batch.union(dp_compute(self.rm_wg, "compute_rm_score", batch))
             scores, extra = compute_reward(batch, self.reward_fn)
         batch.batch["token_level_scores"] = scores
+        batch.meta_info["reward_extra_keys"] = sorted(extra)  # the metrics filter_groups may select
         for k, v in extra.items():
             # one object per row (np.array would turn equal-length per-row lists into a 2-D array)
             column = np.empty(len(v), dtype=object)
             for i, x in enumerate(v):
                 column[i] = x
             batch.non_tensor_batch[k] = column
-        errs = extra.get("score_error")
-        metrics["reward/score_errors"] = metrics.get("reward/score_errors", 0) + (int(sum(bool(e) for e in errs)) if errs else 0)
+        # counts over every round of a step (dynamic sampling scores several batches)
+        for column, name in (("score_error", "reward/score_errors"), ("score_timeout", "reward/score_timeouts"),
+                             ("math_verify_fallback", "reward/math_verify_fallbacks")):
+            flags = extra.get(column)
+            metrics[name] = metrics.get(name, 0) + (int(sum(bool(e) for e in flags)) if flags else 0)
         return batch
 
     def filter_groups(self, batch: DataProto, metrics: dict) -> DataProto:
         """DAPO dynamic sampling: keep only groups (same uid) whose `filter_groups.metric` varies."""
         kept, n_kept, n_dropped = select_groups_with_variance(batch, self.cfg.algorithm.filter_groups.metric)
+        kept.meta_info.pop("reward_extra_keys", None)  # rounds are concatenated: their meta_info must agree
         metrics["filter_groups/kept_groups"] = metrics.get("filter_groups/kept_groups", 0) + n_kept
         metrics["filter_groups/dropped_groups"] = metrics.get("filter_groups/dropped_groups", 0) + n_dropped
         return kept
@@ -806,6 +822,7 @@ class RayPPOTrainer:
         self._peak_flops = self.config.trainer.get("peak_flops_per_worker") or peak_flops_per_worker(self.device_name)
         # restore last: nothing may draw from the restored random generators before the next step
         self._load_checkpoint()
+        self._relog_saved_step()
         for cb in self.callbacks:
             cb.on_fit_start(self)
 
@@ -890,7 +907,7 @@ class RayPPOTrainer:
             cb.on_step_end(self, metrics)
         if self._due(tr.save_freq, is_last):
             with _timer("save_checkpoint", timing_raw):
-                self._save_checkpoint()
+                self._save_checkpoint(metrics)
             metrics["timing_s/save_checkpoint"] = timing_raw["save_checkpoint"]
         self.tracking.log(metrics, step=self.global_steps)
         return val
@@ -1044,7 +1061,9 @@ class RayPPOTrainer:
         return {
             "global_steps": self.global_steps,
             "epoch": self.epoch,
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+            # plain containers only (numpy's state as lists): the file loads with weights_only=True
+            "rng": rng_state_to_plain({"python": random.getstate(), "numpy": np.random.get_state(),
+                                       "torch": torch.get_rng_state()}),
             "kl_ctrl_value": None if self.kl_ctrl_in_reward is None else self.kl_ctrl_in_reward.value,
             "callbacks": [cb.state_dict() for cb in self.callbacks],
         }
@@ -1052,9 +1071,11 @@ class RayPPOTrainer:
     def load_state_dict(self, state: dict) -> None:
         self.global_steps = int(state["global_steps"])
         self.epoch = int(state["epoch"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
+        rng = rng_state_from_plain(state["rng"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        self._resumed_step_metrics = state.get("step_metrics")
         if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl_value") is not None:
             self.kl_ctrl_in_reward.value = float(state["kl_ctrl_value"])
         saved = state.get("callbacks", [])
@@ -1064,17 +1085,24 @@ class RayPPOTrainer:
         for cb, s in zip(self.callbacks, saved):
             cb.load_state_dict(s)
 
-    def _save_checkpoint(self) -> str:
-        """Write `global_step_N` atomically (see verl/trainer/ppo/checkpoint.py), then prune."""
+    def _save_checkpoint(self, metrics: dict | None = None) -> str:
+        """Write `global_step_N` atomically (see verl/trainer/ppo/checkpoint.py), then prune.
+
+        `metrics` (the step's metrics so far) are saved with the trainer state: a run killed
+        after the save but before the step's log line is re-logged on resume."""
         tr = self.cfg.trainer
         root = tr.default_local_dir
+        if getattr(self, "tracking", None) is not None:
+            self.tracking.sync()  # every earlier step's line is durable before this checkpoint exists
 
         def write(tmp: str) -> None:
             self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), None, self.global_steps, max_ckpt_to_keep=None)
             if self.use_critic:
                 self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"), None, self.global_steps, max_ckpt_to_keep=None)
-            torch.save(self.train_dataloader.state_dict(), os.path.join(tmp, "data.pt"))
-            torch.save(self.state_dict(), os.path.join(tmp, TRAINER_STATE_FILE))
+            save_plain(self.train_dataloader.state_dict(), os.path.join(tmp, "data.pt"), "dataloader state")
+            state = self.state_dict()
+            state["step_metrics"] = {k: to_jsonable(v) for k, v in (metrics or {}).items()}
+            save_plain(state, os.path.join(tmp, TRAINER_STATE_FILE), "trainer state")
 
         path = save_checkpoint_atomically(root, self.global_steps, write)
         prune_checkpoints(root, tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep, newest_step=self.global_steps)
@@ -1082,10 +1110,15 @@ class RayPPOTrainer:
         return path
 
     def _load_checkpoint(self) -> int:
-        """Resume per `trainer.resume_mode`; returns the restored step (0 = fresh start)."""
+        """Resume per `trainer.resume_mode`; returns the restored step (0 = fresh start).
+
+        The checkpoint is verified against its manifest first. `auto` falls back to the previous
+        complete checkpoint (with a warning) when the newest is damaged; `resume_path` fails naming
+        the damaged file."""
         tr = self.cfg.trainer
         root = tr.default_local_dir
         remove_stale_tmp_dirs(root)
+        self._resumed_step_metrics = None
         if tr.resume_mode == "disable":
             return 0
         if tr.resume_mode == "resume_path":
@@ -1093,8 +1126,9 @@ class RayPPOTrainer:
             if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
                 raise FileNotFoundError(f"trainer.resume_from_path={path!r} is not a complete checkpoint (no {TRAINER_STATE_FILE})")
             step_of(path)
+            verify_checkpoint(path)
         else:
-            path = find_latest_ckpt_path(root)
+            path = checkpoint_to_resume(root)
             if path is None:
                 return 0
         logger.info("resuming from %s", path)
@@ -1104,9 +1138,18 @@ class RayPPOTrainer:
             if not os.path.isdir(critic_path):
                 raise FileNotFoundError(f"checkpoint {path} has no critic/ part but this run trains a critic")
             self.critic_wg.load_checkpoint(critic_path, None, del_local_after_load=False)
-        self.train_dataloader.load_state_dict(torch.load(os.path.join(path, "data.pt"), weights_only=False))
-        self.load_state_dict(torch.load(os.path.join(path, TRAINER_STATE_FILE), weights_only=False))
+        self.train_dataloader.load_state_dict(load_plain(os.path.join(path, "data.pt")))
+        self.load_state_dict(load_plain(os.path.join(path, TRAINER_STATE_FILE)))
         return self.global_steps
+
+    def _relog_saved_step(self) -> None:
+        """After a resume: log the checkpointed step's metrics if the metrics file lacks them (the
+        previous run was killed between its save and its log line)."""
+        saved = getattr(self, "_resumed_step_metrics", None)
+        if saved and self.global_steps > 0 and self.tracking.has_logged_step(self.global_steps) is False:
+            logger.warning("resume: the metrics of step %d were not in the log; logged now from the checkpoint",
+                           self.global_steps)
+            self.tracking.log(saved, step=self.global_steps)
 
     # ------------------------------------------------------------------ end of run
     def _finish(self) -> None:

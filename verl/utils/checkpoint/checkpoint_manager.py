@@ -138,6 +138,9 @@ class BaseCheckpointManager:
         """
         _barrier(self.process_group)
         if self.rank == 0:
+            from verl.utils.checkpoint.integrity import write_manifest
+
+            write_manifest(staging)  # last, after every rank's files: a published directory always has one
             old = None
             if os.path.exists(local_path):
                 old = local_path.rstrip("/") + ".old"

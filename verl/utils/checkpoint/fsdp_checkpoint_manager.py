@@ -8,6 +8,7 @@ Directory written by `FSDPCheckpointManager.save_checkpoint(local_path, ...)`:
       optim.pt                          full optimizer state keyed by parameter name
       extra_state_world_size_<W>_rank_<r>.pt   lr scheduler state and every RNG state of rank r
       checkpoint_meta.json              global_step, world_size, contents
+      manifest.json                     size and SHA-256 of every file above (written last)
 
 LoRA (a peft model): `model` writes `lora_adapter/` (peft format: `adapter_config.json` with the
 rank and alpha, `adapter_model.safetensors` with the adapter weights, plus the tokenizer), which is
@@ -19,11 +20,15 @@ Weights and optimizer state are full (gathered), so a checkpoint resumes on any 
 RNG streams resume exactly when the world size is the same (otherwise they are left as they are
 and a warning says so). `huggingface/` loads directly with `from_pretrained` (e.g. as
 `actor_rollout_ref.model.path` of a new run). The directory appears atomically (written under
-`<local_path>.incomplete`, renamed when every rank is done).
+`<local_path>.incomplete`, renamed when every rank is done). The `.pt` files hold only tensors
+and plain containers and are read with `torch.load(weights_only=True)`; each rank verifies the
+files it reads against the manifest first, so a damaged file is named instead of failing in a
+decoder (see `verl.utils.checkpoint.integrity`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -33,6 +38,16 @@ import warnings
 import torch
 
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, _barrier
+from verl.utils.checkpoint.integrity import (
+    MANIFEST_FILE,
+    CheckpointCorruptError,
+    disk_full_cause,
+    load_plain,
+    rng_state_from_plain,
+    rng_state_to_plain,
+    save_plain,
+    verify_manifest,
+)
 from verl.utils.fsdp_utils import (
     get_full_optimizer_state_dict,
     get_full_state_dict,
@@ -90,7 +105,10 @@ def _load_hf_weights(in_dir: str) -> dict[str, torch.Tensor]:
     path = os.path.join(in_dir, "model.safetensors")
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint weights {path} are missing")
-    return load_file(path)
+    try:
+        return load_file(path)
+    except Exception as exc:  # noqa: BLE001 - safetensors' decoder errors do not name the file
+        raise CheckpointCorruptError(f"checkpoint weights {path} cannot be read ({type(exc).__name__}: {exc})", path) from exc
 
 
 def _is_peft(model) -> bool:
@@ -170,8 +188,26 @@ class FSDPCheckpointManager(BaseCheckpointManager):
             )
         local_path = os.path.abspath(local_path)
         staging = self._begin_atomic(local_path)
-        contents = set(self.save_contents)
+        try:
+            self._write_parts(staging, global_step)
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the directory, the step and the cause
+            if self.rank == 0:
+                shutil.rmtree(staging, ignore_errors=True)  # give the space back; the previous copy is untouched
+            cause = disk_full_cause(exc, staging)
+            if cause:
+                raise OSError(errno.ENOSPC, f"saving the checkpoint of step {global_step} into {local_path} failed on "
+                              f"rank {self.rank}: {cause}") from exc
+            raise
+        self._commit_atomic(staging, local_path)
+        self._apply_retention(local_path, max_ckpt_to_keep)
+        self.previous_global_step = int(global_step)
+        if hdfs_path is not None:
+            self._copy_to_remote(local_path, hdfs_path)
+        _barrier(self.process_group)
+        return local_path
 
+    def _write_parts(self, staging: str, global_step: int) -> None:
+        contents = set(self.save_contents)
         lora = _is_peft(self.model)
         if lora and contents & {"model", "hf_model"}:
             if "model" in contents:
@@ -192,28 +228,20 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         if "optimizer" in contents and self.optimizer is not None:
             optim_state = get_full_optimizer_state_dict(self.model, self.optimizer)  # collective
             if self.rank == 0:
-                torch.save(optim_state, os.path.join(staging, OPTIM_FILE))
+                save_plain(optim_state, os.path.join(staging, OPTIM_FILE), "optimizer state")
             del optim_state
         if "extra" in contents:
             extra = {
                 "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-                "rng": self.get_rng_state(),
+                "rng": rng_state_to_plain(self.get_rng_state()),
             }
-            torch.save(extra, os.path.join(staging, _extra_file(self.world_size, self.rank)))
+            save_plain(extra, os.path.join(staging, _extra_file(self.world_size, self.rank)), "extra state")
         if self.rank == 0:
             meta = {"global_step": int(global_step), "world_size": self.world_size, "contents": sorted(contents)}
             if lora:
                 meta["lora"] = {"adapter_dir": LORA_DIR, "save_lora_only": self.save_lora_only}
             with open(os.path.join(staging, META_FILE), "w") as f:
                 json.dump(meta, f, indent=2)
-
-        self._commit_atomic(staging, local_path)
-        self._apply_retention(local_path, max_ckpt_to_keep)
-        self.previous_global_step = int(global_step)
-        if hdfs_path is not None:
-            self._copy_to_remote(local_path, hdfs_path)
-        _barrier(self.process_group)
-        return local_path
 
     def _copy_to_remote(self, local_path: str, remote_path: str) -> None:
         """Rank 0 copies the checkpoint; a failure is raised on every rank (no rank is left
@@ -249,6 +277,8 @@ class FSDPCheckpointManager(BaseCheckpointManager):
             local_path = hdfs_path
         local_path = os.path.abspath(local_path)
         meta_path = os.path.join(local_path, META_FILE)
+        if os.path.isdir(local_path):
+            verify_manifest(local_path, only=[META_FILE])  # a lost or damaged meta file is named as such
         if not os.path.exists(meta_path):
             raise FileNotFoundError(f"{local_path} is not a checkpoint written by FSDPCheckpointManager (no {META_FILE})")
         with open(meta_path) as f:
@@ -260,6 +290,21 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         if missing:
             raise ValueError(f"checkpoint {local_path} does not contain {missing} (it has {sorted(saved)}); adjust checkpoint.load_contents")
 
+        same_world = meta.get("world_size") == self.world_size
+        rank_file = _extra_file(meta["world_size"], self.rank if same_world else 0)
+        reads = []
+        if contents & {"model", "hf_model"}:
+            lora_weights = os.path.join(LORA_DIR, "adapter_model.safetensors")
+            lora_saved = os.path.exists(os.path.join(local_path, lora_weights))
+            reads.append(lora_weights if _is_peft(self.model) and lora_saved else os.path.join(HF_DIR, "model.safetensors"))
+        if "optimizer" in contents and self.optimizer is not None:
+            reads.append(OPTIM_FILE)
+        if "extra" in contents:
+            reads.append(rank_file)
+        if not verify_manifest(local_path, only=reads) and self.rank == 0:
+            logger.warning("checkpoint %s has no %s (written by an older version): its files are not verified",
+                           local_path, MANIFEST_FILE)
+
         if contents & {"model", "hf_model"} and _is_peft(self.model):
             # the base is frozen and was built from model.path; only the adapter is restored
             load_lora_adapter(self.model, os.path.join(local_path, LORA_DIR))
@@ -268,17 +313,15 @@ class FSDPCheckpointManager(BaseCheckpointManager):
             load_full_state_dict(self.model, state_dict)
             del state_dict
         if "optimizer" in contents and self.optimizer is not None:
-            optim_state = torch.load(os.path.join(local_path, OPTIM_FILE), map_location="cpu", weights_only=False)
+            optim_state = load_plain(os.path.join(local_path, OPTIM_FILE))
             load_full_optimizer_state_dict(self.model, self.optimizer, optim_state)
             del optim_state
         if "extra" in contents:
-            same_world = meta.get("world_size") == self.world_size
-            rank_file = _extra_file(meta["world_size"], self.rank if same_world else 0)
-            extra = torch.load(os.path.join(local_path, rank_file), map_location="cpu", weights_only=False)
+            extra = load_plain(os.path.join(local_path, rank_file))
             if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
                 self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
             if same_world:
-                self.load_rng_state(extra["rng"])
+                self.load_rng_state(rng_state_from_plain(extra["rng"]))
             else:
                 warnings.warn(
                     f"checkpoint {local_path} was written by {meta['world_size']} ranks, this group has "

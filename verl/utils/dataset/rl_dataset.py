@@ -158,7 +158,25 @@ class RLHFDataset(Dataset):
         for key in ("reward_model", "extra_info"):
             if row.get(key) is not None and not isinstance(to_plain(row[key]), dict):
                 raise TypeError(f"{src}: column {key!r} must be a dict (struct), got {type(row[key]).__name__}")
+        if "reward_model" in row:
+            self._check_ground_truth(to_plain(row["reward_model"]), src)
         return validate_messages(row[self.prompt_key], src, self.prompt_key)
+
+    @staticmethod
+    def _check_ground_truth(rm, src: RowSource) -> None:
+        """A rule-scored row needs `reward_model.ground_truth`: missing or null fails here, naming the
+        file and row, not at the first scoring of that row (after the workers started). Rows scored
+        by a reward model (`style: model`) may leave it null."""
+        if not isinstance(rm, dict):
+            raise TypeError(f"{src}: column 'reward_model' must be a dict (struct) with 'ground_truth', got {rm!r:.100}")
+        if rm.get("style") == "model":
+            return
+        if "ground_truth" not in rm:
+            raise KeyError(f"{src}: reward_model has no 'ground_truth' (keys: {sorted(rm)}); every rule-scored row "
+                           "needs one (use style: model for rows scored by a reward model)")
+        if rm["ground_truth"] is None:
+            raise ValueError(f"{src}: reward_model.ground_truth is null; give every row a ground truth (an empty "
+                             "string if your scoring function ignores it), or drop the row")
 
     def _render(self, messages: list[dict]) -> tuple[str, list[int]]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,

@@ -7,13 +7,26 @@ similar sources. When the optional package ``math_verify`` is importable it deci
 ``a/b`` vs ``\\frac{a}{b}``, ``\\sqrt2`` vs ``\\sqrt{2}``) and are compared as strings.
 
 Score: 1.0 when equivalent, 0.0 otherwise (also when the response has no ``\\boxed{}``).
+
+math_verify is called with its own signal-based timeouts switched off (``parsing_timeout=None``,
+``timeout_seconds=None``): they use SIGALRM, which only works in a main thread, and elsewhere (a
+threaded reward manager, a Ray actor) every call would fail. The deadline is the reward manager's
+per-call ``reward_model.reward_kwargs.timeout`` instead. A call where math_verify raises or cannot
+parse either answer falls back to the normaliser; those fallbacks are counted
+(``math_verify_fallbacks()``, reported by the reward managers as ``reward/math_verify_fallbacks``)
+and the first one of a process is logged.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 
-__all__ = ["compute_score", "last_boxed_only_string", "remove_boxed", "strip_string", "is_equiv"]
+logger = logging.getLogger(__name__)
+
+_FALLBACKS = 0  # math_verify calls that raised or could not parse, in this process
+
+__all__ = ["math_verify_fallbacks", "compute_score", "last_boxed_only_string", "remove_boxed", "strip_string", "is_equiv"]
 
 
 def last_boxed_only_string(text: str) -> str | None:
@@ -140,19 +153,35 @@ def is_equiv(a: str | None, b: str | None) -> bool:
     return strip_string(a) == strip_string(b)
 
 
+def math_verify_fallbacks() -> int:
+    """Number of comparisons in this process where math_verify failed and the normaliser decided."""
+    return _FALLBACKS
+
+
+def _count_fallback(reason: str) -> None:
+    global _FALLBACKS
+    _FALLBACKS += 1
+    if _FALLBACKS == 1:
+        logger.warning("math_verify could not decide (%s); the LaTeX normaliser decides instead. Further "
+                       "fallbacks are counted in reward/math_verify_fallbacks", reason)
+
+
 def _math_verify_equal(answer_latex: str, truth: str) -> bool | None:
-    """math_verify's verdict, or None when the package is not installed or cannot parse the input."""
+    """math_verify's verdict, or None when the package is not installed or cannot decide (counted)."""
     try:
         from math_verify import parse, verify
     except ImportError:
         return None
     try:
-        gold = parse("\\boxed{" + truth + "}")
-        pred = parse("\\boxed{" + answer_latex + "}")
+        # no signal-based timeouts (see the module docstring): the reward manager bounds the call
+        gold = parse("\\boxed{" + truth + "}", parsing_timeout=None)
+        pred = parse("\\boxed{" + answer_latex + "}", parsing_timeout=None)
         if not gold or not pred:
+            _count_fallback("an answer did not parse")
             return None
-        return bool(verify(gold, pred))
-    except Exception:  # math_verify raises on exotic LaTeX; fall back to the normaliser
+        return bool(verify(gold, pred, timeout_seconds=None))
+    except Exception as exc:  # noqa: BLE001 - math_verify raises on exotic LaTeX; the normaliser decides
+        _count_fallback(f"{type(exc).__name__}: {exc}")
         return None
 
 

@@ -48,7 +48,7 @@ class DAPORewardManager(AbstractRewardManager):
                 raise ValueError(f"overlong_buffer_cfg.penalty_factor={self.overlong_factor} must be >= 0")
 
     def score_items(self, items: list[ScoreItem]) -> list[Any]:
-        return [self.call_score_fn(item) for item in items]
+        return self.run_bounded([self.score_kwargs(it) for it in items])
 
     def postprocess(self, items: list[ScoreItem], scores: list[float], extra: dict[str, list]) -> list[float]:
         if not self.overlong_enable:
