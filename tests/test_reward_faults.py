@@ -263,7 +263,7 @@ def test_math_verify_is_called_without_signal_timeouts_and_works_in_a_thread(fak
 
 
 def test_math_verify_fallbacks_are_flagged_per_row(fake_math_verify):
-    data = make_batch(["1$", "2$"], ["\\weird1", "2"], data_source="math")
+    data = make_batch(["1$", "2$"], ["\\weird1", "2"], data_source="lighteval/MATH")
     # the char tokenizer yields digits only: wrap them in \boxed{} for the math scorer
     from verl.utils.reward_score import default_compute_score
 

@@ -240,12 +240,14 @@ def validate_config(config: Any) -> ValidatedConfig:
     import_user_modules(cfg)
 
     conv = omega_conf_to_dataclass
+    # rollout first: actor/ref.rollout_n interpolate rollout.n, and a bad value must be named at its source
+    rollout_cfg = conv(arr.get("rollout"), RolloutConfig, _path="actor_rollout_ref.rollout")
     v = ValidatedConfig(
         data=conv(cfg.get("data"), DataConfig, _path="data"),
         model=conv(arr.get("model"), HFModelConfig, _path="actor_rollout_ref.model"),
         actor=conv(arr.get("actor"), ActorConfig, _path="actor_rollout_ref.actor"),
         ref=conv(arr.get("ref"), RefConfig, _path="actor_rollout_ref.ref"),
-        rollout=conv(arr.get("rollout"), RolloutConfig, _path="actor_rollout_ref.rollout"),
+        rollout=rollout_cfg,
         critic=conv(cfg.get("critic"), CriticConfig, _path="critic"),
         reward_model=conv(cfg.get("reward_model"), RewardModelConfig, _path="reward_model"),
         custom_reward_function=conv(cfg.get("custom_reward_function"), CustomRewardFunctionConfig, _path="custom_reward_function"),
