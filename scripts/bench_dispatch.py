@@ -68,7 +68,11 @@ def timed_round_robin(variants: dict, iters: int, warmup: int) -> dict[str, dict
     out = {}
     for name, values in samples.items():
         values.sort()
-        out[name] = {"median_ms": round(statistics.median(values), 2), "p90_ms": round(values[int(0.9 * (len(values) - 1))], 2), "min_ms": round(values[0], 2)}
+        out[name] = {
+            "median_ms": round(statistics.median(values), 2),
+            "p90_ms": round(values[int(0.9 * (len(values) - 1))], 2),
+            "min_ms": round(values[0], 2),
+        }
     return out
 
 
@@ -90,7 +94,13 @@ def main() -> None:
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
     repo = str(Path(__file__).resolve().parents[1])
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONPATH": repo}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": {"PYTHONPATH": repo}},
+    )
     try:
         pool = RayResourcePool([2], use_gpu=False, num_cpus_per_worker=1.0, max_colocate_count=2)
         group_a = RayWorkerGroup(pool, RayClassWithInitArgs(cls=EchoWorker), num_threads_per_worker=1)
@@ -126,10 +136,14 @@ def main() -> None:
         ray.shutdown()
 
     width = max(len(k) for k in results)
-    print(f"DataProto {args.rows} x {args.seq} int64 ({results['payload_MiB']} MiB), 2 workers per group, {args.iters} iterations")
+    print(
+        f"DataProto {args.rows} x {args.seq} int64 ({results['payload_MiB']} MiB), 2 workers per group, {args.iters} iterations"
+    )
     for key, value in results.items():
         if isinstance(value, dict):
-            print(f"  {key:<{width}}  median {value['median_ms']:8.2f} ms   p90 {value['p90_ms']:8.2f} ms   min {value['min_ms']:8.2f} ms")
+            print(
+                f"  {key:<{width}}  median {value['median_ms']:8.2f} ms   p90 {value['p90_ms']:8.2f} ms   min {value['min_ms']:8.2f} ms"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -43,8 +43,14 @@ if str(REPO_ROOT) not in sys.path:
 
 SIZES = {
     # the 30M model keeps the embedded default's architecture and tokenizer, scaled up
-    "30m": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
-            "intermediate_size": 2048, "head_dim": 64},
+    "30m": {
+        "hidden_size": 512,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "intermediate_size": 2048,
+        "head_dim": 64,
+    },
 }
 VAL_KEY = "val-core/verl_toy/addition/reward/mean@1"
 
@@ -106,9 +112,14 @@ def _step_batch(tokenizer, n: int = 16, prompt_len: int = 16, resp_len: int = 16
     mask = torch.ones_like(ids)
     resp_mask = torch.ones(n, resp_len, dtype=torch.long)
     return DataProto.from_dict(
-        tensors={"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_id_with_mask(mask),
-                 "responses": ids[:, -resp_len:], "response_mask": resp_mask,
-                 "advantages": torch.randn(n, resp_len, generator=g) * resp_mask},
+        tensors={
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": compute_position_id_with_mask(mask),
+            "responses": ids[:, -resp_len:],
+            "response_mask": resp_mask,
+            "advantages": torch.randn(n, resp_len, generator=g) * resp_mask,
+        },
         non_tensors={"uid": np.array([f"u{i // 4}" for i in range(n)], dtype=object)},
         meta_info={"use_current_as_old_log_prob": True, "temperature": 1.0},
     )
@@ -124,11 +135,16 @@ def measure_one(model_dir: str, rank: int, steps: int = 6) -> dict:
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     cfg = OmegaConf.load(REPO_ROOT / "verl" / "trainer" / "config" / "ppo_trainer.yaml")
     overrides = {
-        "actor_rollout_ref.model.path": model_dir, "actor_rollout_ref.model.lora_rank": rank,
-        "actor_rollout_ref.model.lora_alpha": 2 * max(rank, 1), "actor_rollout_ref.rollout.n": 4,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.actor.use_dynamic_bsz": False,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16, "data.max_prompt_length": 16,
-        "data.max_response_length": 16, "actor_rollout_ref.actor.checkpoint.save_lora_only": rank > 0,
+        "actor_rollout_ref.model.path": model_dir,
+        "actor_rollout_ref.model.lora_rank": rank,
+        "actor_rollout_ref.model.lora_alpha": 2 * max(rank, 1),
+        "actor_rollout_ref.rollout.n": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.actor.use_dynamic_bsz": False,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
+        "data.max_prompt_length": 16,
+        "data.max_response_length": 16,
+        "actor_rollout_ref.actor.checkpoint.save_lora_only": rank > 0,
     }
     for key, value in overrides.items():
         OmegaConf.update(cfg, key, value, merge=False)
@@ -146,16 +162,26 @@ def measure_one(model_dir: str, rank: int, steps: int = 6) -> dict:
     module = worker.actor_module
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     total = sum(p.numel() for p in module.parameters())
-    optim_bytes = sum(v.numel() * v.element_size() for s in worker.actor_optimizer.state.values()
-                      for k, v in s.items() if torch.is_tensor(v) and k != "step")
+    optim_bytes = sum(
+        v.numel() * v.element_size()
+        for s in worker.actor_optimizer.state.values()
+        for k, v in s.items()
+        if torch.is_tensor(v) and k != "step"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt"
         worker.save_checkpoint(str(ckpt), global_step=1)
         weights = ckpt / ("lora_adapter" if rank > 0 else "huggingface")
         ckpt_bytes = _dir_bytes(weights) + (ckpt / "optim.pt").stat().st_size
-    return {"rank": rank, "trainable_params": trainable, "total_params": total, "optimizer_state_bytes": optim_bytes,
-            "checkpoint_bytes": ckpt_bytes, "peak_rss_above_start_bytes": peak - rss0,
-            "step_time_s": statistics.median(times[1:] if len(times) > 1 else times)}
+    return {
+        "rank": rank,
+        "trainable_params": trainable,
+        "total_params": total,
+        "optimizer_state_bytes": optim_bytes,
+        "checkpoint_bytes": ckpt_bytes,
+        "peak_rss_above_start_bytes": peak - rss0,
+        "step_time_s": statistics.median(times[1:] if len(times) > 1 else times),
+    }
 
 
 def resources(args) -> dict:
@@ -166,14 +192,25 @@ def resources(args) -> dict:
             model_dir = build_model_dir(size, tmp / size)
             rows = []
             for rank in [0] + [int(r) for r in args.ranks.split(",")]:
-                proc = subprocess.run([sys.executable, __file__, "_one", model_dir, str(rank)], capture_output=True, text=True,
-                                      env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), timeout=3600)
+                proc = subprocess.run(
+                    [sys.executable, __file__, "_one", model_dir, str(rank)],
+                    capture_output=True,
+                    text=True,
+                    env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+                    timeout=3600,
+                )
                 if proc.returncode != 0:
                     raise RuntimeError(f"measuring {size} rank {rank} failed:\n{proc.stderr[-3000:]}")
                 rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             full = rows[0]
             for row in rows:
-                for key in ("trainable_params", "optimizer_state_bytes", "checkpoint_bytes", "peak_rss_above_start_bytes", "step_time_s"):
+                for key in (
+                    "trainable_params",
+                    "optimizer_state_bytes",
+                    "checkpoint_bytes",
+                    "peak_rss_above_start_bytes",
+                    "step_time_s",
+                ):
                     row[f"{key}_vs_full"] = row[key] / full[key] if full[key] else None
             results[size] = rows
             _print_table(size, rows)
@@ -184,13 +221,17 @@ def resources(args) -> dict:
 
 def _print_table(size: str, rows: list[dict]) -> None:
     print(f"\n{size}: {rows[0]['total_params'] / 1e6:.2f}M parameters")
-    print("| config | trainable | % of full | optimizer state | % of full | checkpoint | peak RSS above start | step s |")
+    print(
+        "| config | trainable | % of full | optimizer state | % of full | checkpoint | peak RSS above start | step s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         name = "full" if r["rank"] == 0 else f"LoRA r={r['rank']}"
-        print(f"| {name} | {r['trainable_params']:,} | {100 * r['trainable_params_vs_full']:.2f}% | "
-              f"{r['optimizer_state_bytes'] / 2**20:.2f} MiB | {100 * r['optimizer_state_bytes_vs_full']:.2f}% | "
-              f"{r['checkpoint_bytes'] / 2**20:.2f} MiB | {r['peak_rss_above_start_bytes'] / 2**20:.0f} MiB | {r['step_time_s']:.3f} |")
+        print(
+            f"| {name} | {r['trainable_params']:,} | {100 * r['trainable_params_vs_full']:.2f}% | "
+            f"{r['optimizer_state_bytes'] / 2**20:.2f} MiB | {100 * r['optimizer_state_bytes_vs_full']:.2f}% | "
+            f"{r['checkpoint_bytes'] / 2**20:.2f} MiB | {r['peak_rss_above_start_bytes'] / 2**20:.0f} MiB | {r['step_time_s']:.3f} |"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,10 +244,19 @@ def learning_run(rank: int, lr: float, seed: int, steps: int, test_freq: int, ru
     from verl.trainer.main_ppo import load_default_config, run_ppo
 
     overrides = [
-        "algorithm.adv_estimator=grpo", f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}",
-        "trainer.val_before_train=True", f"trainer.seed={seed}", f"data.seed={seed}", "trainer.logger=[file]",
-        f"trainer.log_dir={run_dir}/log", f"trainer.default_local_dir={run_dir}/ckpt", "trainer.save_freq=-1",
-        "trainer.plot=False", f"actor_rollout_ref.actor.optim.lr={lr}", "trainer.torch_threads_per_worker=1",
+        "algorithm.adv_estimator=grpo",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={test_freq}",
+        "trainer.val_before_train=True",
+        f"trainer.seed={seed}",
+        f"data.seed={seed}",
+        "trainer.logger=[file]",
+        f"trainer.log_dir={run_dir}/log",
+        f"trainer.default_local_dir={run_dir}/ckpt",
+        "trainer.save_freq=-1",
+        "trainer.plot=False",
+        f"actor_rollout_ref.actor.optim.lr={lr}",
+        "trainer.torch_threads_per_worker=1",
     ]
     if rank > 0:
         overrides += [f"actor_rollout_ref.model.lora_rank={rank}", f"actor_rollout_ref.model.lora_alpha={2 * rank}"]
@@ -233,15 +283,21 @@ def learning(args) -> dict:
             start = time.perf_counter()
             curves[name][seed] = learning_run(rank, lr, seed, args.steps, args.test_freq, out_dir / f"{name}_s{seed}")
             print(f"{name} lr={lr} seed={seed}: {curves[name][seed]} ({time.perf_counter() - start:.0f} s)", flush=True)
-    summary = {name: {"lr": lr, "last_val_median": statistics.median(c[seed][-1][1] for seed in c)}
-               for (rank, lr), (name, c) in zip(configs, curves.items())}
+    summary = {
+        name: {"lr": lr, "last_val_median": statistics.median(c[seed][-1][1] for seed in c)}
+        for (rank, lr), (name, c) in zip(configs, curves.items())
+    }
     full = summary["full"]["last_val_median"]
     for name, row in summary.items():
         row["gap_to_full_points"] = 100 * (row["last_val_median"] - full)
     print(json.dumps(summary, indent=2))
     _plot(curves, out_dir / "lora_curves.png", f"GRPO on the embedded default, {args.steps} steps, seeds {args.seeds}")
-    return {"curves": {n: {str(s): c for s, c in cs.items()} for n, cs in curves.items()}, "summary": summary,
-            "steps": args.steps, "seeds": seeds}
+    return {
+        "curves": {n: {str(s): c for s, c in cs.items()} for n, cs in curves.items()},
+        "summary": summary,
+        "steps": args.steps,
+        "seeds": seeds,
+    }
 
 
 def _plot(curves, png: Path, title: str) -> None:

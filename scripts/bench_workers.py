@@ -57,7 +57,9 @@ def build_model(out_dir: str, size: str) -> int:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", padding_side="left")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", padding_side="left"
+    )
     fast.save_pretrained(out_dir)
     cfg_path = os.path.join(out_dir, "tokenizer_config.json")
     cfg = json.load(open(cfg_path))
@@ -65,8 +67,17 @@ def build_model(out_dir: str, size: str) -> int:
     json.dump(cfg, open(cfg_path, "w"))
     hidden, layers, heads, inter = SIZES[size]
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=heads, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
@@ -116,7 +127,11 @@ def make_prompts(tok, args, seed: int):
     enc = tok(texts, add_special_tokens=False, padding="max_length", max_length=64, return_tensors="pt")
     mask = enc["attention_mask"]
     data = DataProto.from_dict(
-        tensors={"input_ids": enc["input_ids"], "attention_mask": mask, "position_ids": compute_position_id_with_mask(mask)},
+        tensors={
+            "input_ids": enc["input_ids"],
+            "attention_mask": mask,
+            "position_ids": compute_position_id_with_mask(mask),
+        },
         non_tensors={"uid": np.array([str(i) for i in range(args.prompts)], dtype=object)},
         meta_info={"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id},
     )
@@ -192,11 +207,19 @@ def bench(size: str, world_size: int, args) -> dict:
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(num_cpus=max(2, world_size), include_dashboard=False, logging_level="WARNING", _node_ip_address="127.0.0.1",
-                     runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}})
+            ray.init(
+                num_cpus=max(2, world_size),
+                include_dashboard=False,
+                logging_level="WARNING",
+                _node_ip_address="127.0.0.1",
+                runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}},
+            )
         pool = RayResourcePool(process_on_nodes=[world_size], use_gpu=False, num_cpus_per_worker=1)
-        wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ActorRolloutRefWorker, config=cfg, role="actor_rollout"),
-                            num_threads_per_worker=args.threads_per_rank)
+        wg = RayWorkerGroup(
+            pool,
+            RayClassWithInitArgs(cls=ActorRolloutRefWorker, config=cfg, role="actor_rollout"),
+            num_threads_per_worker=args.threads_per_rank,
+        )
         wg.init_model()
 
         def cleanup():
@@ -230,7 +253,9 @@ def main():
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--response_length", type=int, default=32)
-    parser.add_argument("--max_token_len", type=int, default=2048, help="token budget per micro-batch (dynamic batch size)")
+    parser.add_argument(
+        "--max_token_len", type=int, default=2048, help="token budget per micro-batch (dynamic batch size)"
+    )
     parser.add_argument("--threads_per_rank", type=int, default=1, help="torch threads of each rank")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--use_remove_padding", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
@@ -243,8 +268,18 @@ def main():
             res = bench(size, ws, args)
             print(json.dumps(res), flush=True)
             results.append(res)
-    cols = ["size", "params_M", "world_size", "generate_tok_s", "compute_log_prob_tok_s", "update_actor_tok_s",
-            "padding_waste_log_prob", "padding_waste_update", "padded_waste", "mean_response_len"]
+    cols = [
+        "size",
+        "params_M",
+        "world_size",
+        "generate_tok_s",
+        "compute_log_prob_tok_s",
+        "update_actor_tok_s",
+        "padding_waste_log_prob",
+        "padding_waste_update",
+        "padded_waste",
+        "mean_response_len",
+    ]
     print("\n| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in results:

@@ -129,8 +129,16 @@ def save_tokenizer(tokenizer, out_dir: str | os.PathLike) -> None:
 # ----------------------------------------------------------------------------------------------------
 # 2. model
 # ----------------------------------------------------------------------------------------------------
-def build_model(tokenizer, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
-                intermediate_size: int, max_position_embeddings: int, seed: int):
+def build_model(
+    tokenizer,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    seed: int,
+):
     """A randomly initialised LlamaForCausalLM with tied input/output embeddings (float32)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -175,8 +183,14 @@ def write_parquet(rows: list[dict], path: str | os.PathLike) -> None:
 # ----------------------------------------------------------------------------------------------------
 # 4. warm-up (SFT) with an imperfect teacher
 # ----------------------------------------------------------------------------------------------------
-def write_sft_data(out_dir: Path, task: AdditionTask, sft_train: list[tuple[int, int]], sft_val: list[tuple[int, int]],
-                   careless_rate: float, seed: int) -> dict[str, str]:
+def write_sft_data(
+    out_dir: Path,
+    task: AdditionTask,
+    sft_train: list[tuple[int, int]],
+    sft_val: list[tuple[int, int]],
+    careless_rate: float,
+    seed: int,
+) -> dict[str, str]:
     """SFT parquet files. With probability ``careless_rate`` a problem's response is the carry-dropping answer.
 
     The warm-up imitates a teacher who often forgets to carry: the resulting policy knows both the
@@ -187,10 +201,20 @@ def write_sft_data(out_dir: Path, task: AdditionTask, sft_train: list[tuple[int,
 
     rng = random.Random(seed * 7919 + 17)
     paths = {"sft_train": out_dir / "sft" / "train.parquet", "sft_val": out_dir / "sft" / "val.parquet"}
-    write_parquet([addition_sft_row(a, b, "sft_train", i, careless=rng.random() < careless_rate)
-                   for i, (a, b) in enumerate(sft_train)], paths["sft_train"])
-    write_parquet([addition_sft_row(a, b, "sft_val", i, careless=rng.random() < careless_rate)
-                   for i, (a, b) in enumerate(sft_val)], paths["sft_val"])
+    write_parquet(
+        [
+            addition_sft_row(a, b, "sft_train", i, careless=rng.random() < careless_rate)
+            for i, (a, b) in enumerate(sft_train)
+        ],
+        paths["sft_train"],
+    )
+    write_parquet(
+        [
+            addition_sft_row(a, b, "sft_val", i, careless=rng.random() < careless_rate)
+            for i, (a, b) in enumerate(sft_val)
+        ],
+        paths["sft_val"],
+    )
     return {k: str(v) for k, v in paths.items()}
 
 
@@ -234,8 +258,15 @@ def run_warmup(init_dir: Path, sft_paths: dict[str, str], work_dir: Path, args) 
 # ----------------------------------------------------------------------------------------------------
 # 5. evaluation
 # ----------------------------------------------------------------------------------------------------
-def evaluate_model(model_dir: str, test_path: str, n_samples: int, max_new_tokens: int, seed: int,
-                   batch_size: int = 512, limit: int | None = None) -> dict:
+def evaluate_model(
+    model_dir: str,
+    test_path: str,
+    n_samples: int,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int = 512,
+    limit: int | None = None,
+) -> dict:
     """Greedy accuracy, sampled (temperature 1, no top-k/top-p) mean accuracy and pass@n_samples.
 
     Prompts are left padded; generation uses the KV cache and stops at eos; a response that hits
@@ -253,27 +284,37 @@ def evaluate_model(model_dir: str, test_path: str, n_samples: int, max_new_token
     rows = pq.read_table(test_path).to_pylist()
     if limit:
         rows = rows[:limit]
-    prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"] for r in rows]
+    prompts = [
+        tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"] for r in rows
+    ]
 
     def generate(prompt_ids: list[list[int]], do_sample: bool) -> list[str]:
         texts = []
         for i in range(0, len(prompt_ids), batch_size):
-            chunk = prompt_ids[i:i + batch_size]
+            chunk = prompt_ids[i : i + batch_size]
             width = max(map(len, chunk))
             ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
             for j, p in enumerate(chunk):
-                ids[j, width - len(p):] = torch.tensor(p)
-                mask[j, width - len(p):] = 1
+                ids[j, width - len(p) :] = torch.tensor(p)
+                mask[j, width - len(p) :] = 1
             kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if do_sample else dict(do_sample=False)
             with torch.no_grad():
-                out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **kwargs)
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=tok.eos_token_id,
+                    **kwargs,
+                )
             texts.extend(tok.batch_decode(out[:, width:], skip_special_tokens=True))
         return texts
 
     def score(text: str, row: dict) -> float:
-        return float(default_compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"]))
+        return float(
+            default_compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])
+        )
 
     torch.manual_seed(seed)
     t0 = time.time()
@@ -281,10 +322,13 @@ def evaluate_model(model_dir: str, test_path: str, n_samples: int, max_new_token
     greedy = [score(t, r) for t, r in zip(greedy_text, rows)]
     sampled_text = generate([p for p in prompts for _ in range(n_samples)], do_sample=True)
     sampled = [score(t, rows[i // n_samples]) for i, t in enumerate(sampled_text)]
-    per_prompt = [sampled[i * n_samples:(i + 1) * n_samples] for i in range(len(rows))]
+    per_prompt = [sampled[i * n_samples : (i + 1) * n_samples] for i in range(len(rows))]
     carry = [AdditionTask.has_carry(r["extra_info"]["a"], r["extra_info"]["b"]) for r in rows]
-    careless_greedy = [t.strip() == AdditionTask.careless_answer(r["extra_info"]["a"], r["extra_info"]["b"])
-                       for t, r, c in zip(greedy_text, rows, carry) if c]
+    careless_greedy = [
+        t.strip() == AdditionTask.careless_answer(r["extra_info"]["a"], r["extra_info"]["b"])
+        for t, r, c in zip(greedy_text, rows, carry)
+        if c
+    ]
     n_carry = max(1, sum(carry))
     return {
         "n_prompts": len(rows),
@@ -318,8 +362,12 @@ def parse_args(argv=None):
     p.add_argument("--n_test", type=int, default=256, help="RL validation prompts")
     p.add_argument("--n_sft_train", type=int, default=4096)
     p.add_argument("--n_sft_val", type=int, default=256)
-    p.add_argument("--careless_rate", type=float, default=0.7,
-                   help="probability that the warm-up teacher answers with the carry-dropping sum")
+    p.add_argument(
+        "--careless_rate",
+        type=float,
+        default=0.7,
+        help="probability that the warm-up teacher answers with the carry-dropping sum",
+    )
     # model
     p.add_argument("--hidden_size", type=int, default=128)
     p.add_argument("--num_layers", type=int, default=4)
@@ -357,8 +405,16 @@ def main(argv=None) -> dict:
         staging = work / "out"
         # 1-3: tokenizer, random init, data
         tokenizer = build_tokenizer()
-        model = build_model(tokenizer, args.hidden_size, args.num_layers, args.num_heads, args.num_kv_heads,
-                            args.intermediate_size, args.max_position_embeddings, args.seed)
+        model = build_model(
+            tokenizer,
+            args.hidden_size,
+            args.num_layers,
+            args.num_heads,
+            args.num_kv_heads,
+            args.intermediate_size,
+            args.max_position_embeddings,
+            args.seed,
+        )
         n_params = sum(p.numel() for p in model.parameters())
         init_dir = work / "init"
         model.save_pretrained(init_dir)
@@ -367,7 +423,9 @@ def main(argv=None) -> dict:
         train, test = make_addition_splits(task, args.n_train, args.n_test, args.seed)
         used = set(train) | set(test)
         sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, "sft_val", exclude=used)
-        sft_train = generate_addition_problems(task, args.n_sft_train, args.seed, "sft_train", exclude=used | set(sft_val))
+        sft_train = generate_addition_problems(
+            task, args.n_sft_train, args.seed, "sft_train", exclude=used | set(sft_val)
+        )
         data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
         write_parquet([addition_rl_row(a, b, "train", i) for i, (a, b) in enumerate(train)], data_paths["train"])
         write_parquet([addition_rl_row(a, b, "test", i) for i, (a, b) in enumerate(test)], data_paths["test"])
@@ -380,21 +438,41 @@ def main(argv=None) -> dict:
         # 5: evaluation of the shipped checkpoint
         metrics = {}
         if not args.skip_eval:
-            metrics = evaluate_model(str(staging / "model"), str(data_paths["test"]), args.eval_samples,
-                                     args.eval_max_new_tokens, args.seed)
+            metrics = evaluate_model(
+                str(staging / "model"), str(data_paths["test"]), args.eval_samples, args.eval_max_new_tokens, args.seed
+            )
         history = sft_result["history"]
         info = {
-            "task": {"data_source": "verl_toy/addition", "min_digits": args.min_digits, "max_digits": args.max_digits,
-                     "n_train": len(train), "n_test": len(test), "n_sft_train": len(sft_train),
-                     "n_sft_val": len(sft_val), "careless_rate": args.careless_rate},
-            "model": {"architecture": "LlamaForCausalLM", "parameters": n_params, "hidden_size": args.hidden_size,
-                      "num_layers": args.num_layers, "num_heads": args.num_heads, "num_kv_heads": args.num_kv_heads,
-                      "intermediate_size": args.intermediate_size, "vocab_size": len(tokenizer)},
-            "sft": {"steps": args.sft_steps, "batch_size": args.sft_batch_size, "lr": args.sft_lr,
-                    "seconds": round(sft_seconds, 1), "threads": args.threads,
-                    "final_train_loss": history[-1]["train/loss"] if history else None,
-                    "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
-                    "skipped_steps": sft_result["skipped_steps"]},
+            "task": {
+                "data_source": "verl_toy/addition",
+                "min_digits": args.min_digits,
+                "max_digits": args.max_digits,
+                "n_train": len(train),
+                "n_test": len(test),
+                "n_sft_train": len(sft_train),
+                "n_sft_val": len(sft_val),
+                "careless_rate": args.careless_rate,
+            },
+            "model": {
+                "architecture": "LlamaForCausalLM",
+                "parameters": n_params,
+                "hidden_size": args.hidden_size,
+                "num_layers": args.num_layers,
+                "num_heads": args.num_heads,
+                "num_kv_heads": args.num_kv_heads,
+                "intermediate_size": args.intermediate_size,
+                "vocab_size": len(tokenizer),
+            },
+            "sft": {
+                "steps": args.sft_steps,
+                "batch_size": args.sft_batch_size,
+                "lr": args.sft_lr,
+                "seconds": round(sft_seconds, 1),
+                "threads": args.threads,
+                "final_train_loss": history[-1]["train/loss"] if history else None,
+                "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
+                "skipped_steps": sft_result["skipped_steps"],
+            },
             "eval_test_split": metrics,
             "build_args": vars(args) | {"output_dir": None},
             "torch": torch.__version__,
@@ -408,7 +486,11 @@ def main(argv=None) -> dict:
     info["sizes_bytes"]["total"] = dir_size(out)
     info["build_seconds"] = round(time.time() - t_start, 1)
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    print(json.dumps({"output_dir": str(out), "sft": info["sft"], "eval": metrics, "sizes": info["sizes_bytes"]}, indent=2))
+    print(
+        json.dumps(
+            {"output_dir": str(out), "sft": info["sft"], "eval": metrics, "sizes": info["sizes_bytes"]}, indent=2
+        )
+    )
     return info
 
 

@@ -44,7 +44,7 @@ def here(key: str) -> str:
 
     for alias in upstream_keys.ALIASES:
         if key == alias.old or key.startswith(alias.old + "."):
-            return f"alias of `{alias.new + key[len(alias.old):]}` ({alias.note}; deprecation warning)"
+            return f"alias of `{alias.new + key[len(alias.old) :]}` ({alias.note}; deprecation warning)"
     for old, new in upstream_keys.GLOBAL_MICRO_BATCH_KEYS:
         if key == old:
             return f"implemented (deprecated: divided by the data-parallel size into `{new}`)"
@@ -403,7 +403,8 @@ def generate() -> str:
             continue
         section = key.split(".")[0]
         rows_by_section.setdefault(section, []).append(
-            (key, fmt(_default_of(cls, name)), "implemented (not in upstream's yaml: append with `+`)", meaning(key)))
+            (key, fmt(_default_of(cls, name)), "implemented (not in upstream's yaml: append with `+`)", meaning(key))
+        )
 
     out = [
         "# Configuration reference",
@@ -452,11 +453,18 @@ def generate() -> str:
     from verl.trainer.config import NormConfig
 
     norm_docs = dataclass_docs(NormConfig)
-    out += ["## `algorithm.reward_norm` / `algorithm.adv_norm` (when set)", "",
-            inspect.getdoc(NormConfig).splitlines()[0], "",
-            "| key | default | meaning |", "| --- | --- | --- |"]
+    out += [
+        "## `algorithm.reward_norm` / `algorithm.adv_norm` (when set)",
+        "",
+        inspect.getdoc(NormConfig).splitlines()[0],
+        "",
+        "| key | default | meaning |",
+        "| --- | --- | --- |",
+    ]
     for f in dataclasses.fields(NormConfig):
-        out.append(f"| `{f.name}` | `{fmt(_default_of(NormConfig, f.name))}` | {norm_docs.get(f.name) or glossary(f.name)} |")
+        out.append(
+            f"| `{f.name}` | `{fmt(_default_of(NormConfig, f.name))}` | {norm_docs.get(f.name) or glossary(f.name)} |"
+        )
     out.append("")
     out += [
         "## Reward manager options (`reward_model.reward_kwargs.*`)",

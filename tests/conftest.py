@@ -38,7 +38,9 @@ def load_build_script():
     """`scripts/build_embedded_default.py` as a module (it is a script, not part of the package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("build_embedded_default", REPO_ROOT / "scripts" / "build_embedded_default.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_embedded_default", REPO_ROOT / "scripts" / "build_embedded_default.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

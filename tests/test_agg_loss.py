@@ -158,7 +158,9 @@ def _random_batch(generator, batch, length, n_groups, empty_rows=True):
 def _full_value_and_grad(param, mask, index, mode, scale):
     loss_mat = param * 1.0
     if mode == "prompt-mean":
-        loss = agg_loss(loss_mat, mask, mode, group_num_tokens=compute_group_num_tokens(mask, index), loss_scale_factor=scale)
+        loss = agg_loss(
+            loss_mat, mask, mode, group_num_tokens=compute_group_num_tokens(mask, index), loss_scale_factor=scale
+        )
     else:
         loss = agg_loss(loss_mat, mask, mode, loss_scale_factor=scale)
     (grad,) = torch.autograd.grad(loss, param)

@@ -105,11 +105,15 @@ def test_omega_conf_to_dataclass_is_exported_from_verl_utils():
 
 
 def test_omega_conf_to_dataclass_nested_with_target_and_with_type():
-    section = OmegaConf.create({
-        "_target_": f"{__name__}._Outer", "batch_size": 32,
-        "model": {"hidden_size": 768, "activation": "gelu"}, "optional_model": {"hidden_size": 3},
-        "override_config": {"a": 1},
-    })
+    section = OmegaConf.create(
+        {
+            "_target_": f"{__name__}._Outer",
+            "batch_size": 32,
+            "model": {"hidden_size": 768, "activation": "gelu"},
+            "optional_model": {"hidden_size": 3},
+            "override_config": {"a": 1},
+        }
+    )
     for cfg in (omega_conf_to_dataclass(section), omega_conf_to_dataclass(section, _Outer)):
         assert isinstance(cfg, _Outer) and cfg.batch_size == 32
         assert isinstance(cfg.model, _Inner) and cfg.model.hidden_size == 768 and cfg.model.activation == "gelu"
@@ -129,7 +133,12 @@ def test_omega_conf_to_dataclass_empty_sections_objects_and_non_dataclass_target
     bare = BaseConfig()
     assert omega_conf_to_dataclass(bare, _Inner) is bare  # even one without fields (len 0)
     # a _target_ that is not a dataclass is built by Hydra's instantiate (nested targets included)
-    out = omega_conf_to_dataclass({"_target_": "collections.OrderedDict", "a": {"_target_": "fractions.Fraction", "numerator": 1, "denominator": 4}})
+    out = omega_conf_to_dataclass(
+        {
+            "_target_": "collections.OrderedDict",
+            "a": {"_target_": "fractions.Fraction", "numerator": 1, "denominator": 4},
+        }
+    )
     assert list(out) == ["a"] and str(out["a"]) == "1/4"
     with pytest.raises(ValueError, match="no _target_ and no dataclass_type"):
         omega_conf_to_dataclass({"batch_size": 1})
@@ -143,7 +152,10 @@ def test_omega_conf_to_dataclass_empty_sections_objects_and_non_dataclass_target
         ({"batch_size": True}, r"sec\.batch_size=True: expected an integer, got a boolean"),
         ({"batch_size": ""}, r"sec\.batch_size='': expected an integer, got an empty value"),
         ({"batch_size": [1]}, r"sec\.batch_size=\[1\]: expected an integer, got a list"),
-        ({"model": {"hidden_size": {"a": 1}}}, r"sec\.model\.hidden_size=\{'a': 1\}: expected an integer, got a mapping"),
+        (
+            {"model": {"hidden_size": {"a": 1}}},
+            r"sec\.model\.hidden_size=\{'a': 1\}: expected an integer, got a mapping",
+        ),
         ({"model": "big"}, r"sec\.model='big': expected a config section"),
         ({"optional_model": {"activation": [1]}}, r"sec\.optional_model\.activation=\[1\]: expected a string"),
         ({"override_config": 3}, r"sec\.override_config=3: expected a mapping"),
@@ -194,7 +206,9 @@ def test_unknown_key_suggests_the_closest_field():
 
 
 def test_nested_range_errors_name_the_full_key():
-    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.optim\.lr_warmup_steps_ratio=2\.0 is out of range"):
+    with pytest.raises(
+        ValueError, match=r"^actor_rollout_ref\.actor\.optim\.lr_warmup_steps_ratio=2\.0 is out of range"
+    ):
         omega_conf_to_dataclass({"optim": {"lr_warmup_steps_ratio": 2.0}}, ActorConfig, _path="actor_rollout_ref.actor")
     with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.policy_loss\.tau_pos=0"):
         omega_conf_to_dataclass({"policy_loss": {"tau_pos": 0.0}}, ActorConfig, _path="actor_rollout_ref.actor")
@@ -250,7 +264,9 @@ def _compare_defaults(node, defaults, path, mismatches):
     for key, yaml_value in node.items():
         if rule_for(f"{path}{key}") is not None or f"{path}{key}" in DEFAULTS_NOT_EQUAL:
             continue  # a key without effect or not available here (upstream_keys), or a listed exception
-        assert key in fields, f"{path}{key} is in the yaml but not a field of {defaults.__name__ if isinstance(defaults, type) else type(defaults).__name__}"
+        assert key in fields, (
+            f"{path}{key} is in the yaml but not a field of {defaults.__name__ if isinstance(defaults, type) else type(defaults).__name__}"
+        )
         if isinstance(defaults, type):
             f = fields[key]
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

@@ -46,8 +46,13 @@ def test_save_load_resumes_exactly(model_dir, tmp_path):
     _train_step(model, opt, sched)
     path = str(tmp_path / "global_step_1" / "actor")
     mgr.save_checkpoint(path, global_step=1)
-    assert sorted(os.listdir(path)) == ["checkpoint_meta.json", "extra_state_world_size_1_rank_0.pt", "huggingface",
-                                       "manifest.json", "optim.pt"]
+    assert sorted(os.listdir(path)) == [
+        "checkpoint_meta.json",
+        "extra_state_world_size_1_rank_0.pt",
+        "huggingface",
+        "manifest.json",
+        "optim.pt",
+    ]
     assert not os.path.exists(path + ".incomplete")
     # the weights are a loadable Hugging Face model directory with its tokenizer
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(path, "huggingface"))
@@ -161,14 +166,18 @@ def test_a_pickled_object_is_refused_on_load(tmp_path):
 
     path = str(tmp_path / "evil.pt")
     torch.save({"x": Opaque()}, path)
-    with pytest.raises(CheckpointCorruptError, match=r"evil\.pt holds an object other than .*test_checkpoint_manager.Opaque.*refused"):
+    with pytest.raises(
+        CheckpointCorruptError, match=r"evil\.pt holds an object other than .*test_checkpoint_manager.Opaque.*refused"
+    ):
         load_plain(path)
     with pytest.raises(TypeError, match=r"state\['x'\] is a test_checkpoint_manager.Opaque"):
         save_plain({"x": Opaque()}, path, "state")
 
 
-@pytest.mark.parametrize("victim", ["optim.pt", "extra_state_world_size_1_rank_0.pt", "huggingface/model.safetensors",
-                                    "checkpoint_meta.json"])
+@pytest.mark.parametrize(
+    "victim",
+    ["optim.pt", "extra_state_world_size_1_rank_0.pt", "huggingface/model.safetensors", "checkpoint_meta.json"],
+)
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_file_is_named_on_load(model_dir, tmp_path, victim, damage):
     from verl.utils.checkpoint.integrity import CheckpointCorruptError

@@ -19,8 +19,9 @@ from verl.trainer import main_ppo
 
 BAD_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
 KW_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n    return 0.0\n"
-NAMED_REWARD = ("def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
-                "    return 0.0 * scale\n")
+NAMED_REWARD = (
+    "def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n    return 0.0 * scale\n"
+)
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -28,8 +29,12 @@ M = "actor_rollout_ref.model"
 
 # what the message must contain besides the key, per kind of mutation
 # a run with a model of its own gets upstream's defaults, which leave the micro-batch size to the user
-REAL_MODEL = ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
-              "actor_rollout_ref.rollout.n=4", "trainer.logger=[console]")
+REAL_MODEL = (
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "critic.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.n=4",
+    "trainer.logger=[console]",
+)
 
 ACCEPTED = {
     # a key of a feature this verl lacks names the one accepted value instead: "(available: 1)"
@@ -201,14 +206,21 @@ BAD: list[tuple[tuple[str, ...], str | None, str]] = [
     ((f"+{R}.engine_kwargs.hf.anything=1",), f"{R}.engine_kwargs.hf.anything", "unread"),
     ((f"+{A}.checkpoint.save_contens=[model]",), f"{A}.checkpoint.save_contens", "unread"),
     ((f"{A}.checkpoint.save_contents=[modle]",), f"{A}.checkpoint.save_contents", "enum"),
-    (("custom_reward_function.path={bad_reward}", "+custom_reward_function.reward_kwargs.scale=2"),
-     "custom_reward_function.reward_kwargs.scale", "unread"),
+    (
+        ("custom_reward_function.path={bad_reward}", "+custom_reward_function.reward_kwargs.scale=2"),
+        "custom_reward_function.reward_kwargs.scale",
+        "unread",
+    ),
     # ---- contradictory combinations
     (("algorithm.adv_estimator=grpo", f"{R}.n=1"), f"{R}.n", "combo"),
     (("critic.enable=False",), "critic.enable", "combo"),
     (("algorithm.adv_estimator=grpo", "trainer.critic_warmup=2"), "trainer.critic_warmup", "combo"),
     ((f"{R}.response_length=16",), None, "combo"),
-    (("algorithm.rollout_correction.rollout_is=token", f"{R}.calculate_log_probs=False"), f"{R}.calculate_log_probs", "combo"),
+    (
+        ("algorithm.rollout_correction.rollout_is=token", f"{R}.calculate_log_probs=False"),
+        f"{R}.calculate_log_probs",
+        "combo",
+    ),
     (("algorithm.kl_penalty=full", "algorithm.use_kl_in_reward=True"), "algorithm.kl_penalty", "combo"),
     (("algorithm.adv_estimator=remax", f"{R}.do_sample=False"), f"{R}.do_sample", "combo"),
     ((f"{R}.val_kwargs.do_sample=True",), f"{R}.val_kwargs.temperature", "combo"),
@@ -220,8 +232,11 @@ BAD: list[tuple[tuple[str, ...], str | None, str]] = [
     (("trainer.role_pools={rollout: [1]}",), "trainer.role_pools", "combo"),
     (("reward_model.enable=True",), "reward_model.model.path", "combo"),
     (("trainer.resume_mode=resume_path",), "trainer.resume_from_path", "combo"),
-    (("algorithm.filter_groups.enable=True", f"{R}.n=1", "algorithm.adv_estimator=reinforce_plus_plus"),
-     "algorithm.filter_groups.enable", "combo"),
+    (
+        ("algorithm.filter_groups.enable=True", f"{R}.n=1", "algorithm.adv_estimator=reinforce_plus_plus"),
+        "algorithm.filter_groups.enable",
+        "combo",
+    ),
     # ---- missing files and models
     (("data.train_files=/nonexistent/train.parquet",), None, "file"),
     (("data.val_files=[/nonexistent/val.parquet]",), None, "file"),
@@ -230,8 +245,11 @@ BAD: list[tuple[tuple[str, ...], str | None, str]] = [
     ((f"{M}.path=some-org/some-model", *REAL_MODEL), f"{M}.path", "file"),
     ((f"{M}.path=/nonexistent/model", *REAL_MODEL), None, "file"),
     ((f"{M}.tokenizer_path=/nonexistent/tok",), None, "file"),
-    (("trainer.resume_mode=resume_path", "trainer.resume_from_path=/nonexistent/global_step_3"),
-     "trainer.resume_from_path", "file"),
+    (
+        ("trainer.resume_mode=resume_path", "trainer.resume_from_path=/nonexistent/global_step_3"),
+        "trainer.resume_from_path",
+        "file",
+    ),
     (("trainer.external_modules=[/nonexistent/mod.py]",), "trainer.external_modules", "file"),
     (("data.custom_cls.path=/nonexistent/ds.py", "data.custom_cls.name=X"), "data.custom_cls.path", "file"),
     (("reward_model.enable=True", "reward_model.model.path=/nonexistent/rm"), "reward_model.model.path", "file"),

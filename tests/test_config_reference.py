@@ -27,12 +27,16 @@ def test_every_yaml_key_is_documented_with_a_meaning():
     gen = load_generator()
     text = gen.generate()
     raw = OmegaConf.to_container(OmegaConf.load(gen.YAML), resolve=False)
-    rows = {m.group(1): (m.group(2), m.group(3))
-            for m in re.finditer(r"^\| `([\w.]+)` \| `[^`]*` \| (.*?) \| (.*) \|$", text, re.M)}
+    rows = {
+        m.group(1): (m.group(2), m.group(3))
+        for m in re.finditer(r"^\| `([\w.]+)` \| `[^`]*` \| (.*?) \| (.*) \|$", text, re.M)
+    }
     for key, _ in gen.leaves(raw, ""):
         assert key in rows, f"{key} missing from the reference"
         where, meaning = rows[key]
         assert where.strip(), f"{key} has no 'here' behaviour"
         # a key without effect or not available is explained by its 'here' text; an implemented one needs a meaning
         if where == "implemented" or where.startswith("implemented ("):
-            assert meaning.strip(), f"{key} has no meaning: add a yaml comment, a dataclass field comment or a glossary entry"
+            assert meaning.strip(), (
+                f"{key} has no meaning: add a yaml comment, a dataclass field comment or a glossary entry"
+            )

@@ -16,7 +16,11 @@ def cfg(*overrides):
 
 # a run with a model path gets upstream's defaults (no embedded preset): GRPO needs rollout.n > 1,
 # upstream's defaults leave the micro-batch size unset and log to wandb
-REAL_RUN = ("actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "trainer.logger=[console]")
+REAL_RUN = (
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "trainer.logger=[console]",
+)
 
 
 def test_default_and_grpo_configs_validate():
@@ -44,19 +48,23 @@ def test_unregistered_loss_and_estimator_list_the_registered_names():
 
 def test_user_loss_from_external_module_is_accepted(tmp_path):
     f = tmp_path / "my_loss_for_config_test.py"
-    f.write_text(textwrap.dedent(
-        """
+    f.write_text(
+        textwrap.dedent(
+            """
         from verl.trainer.ppo.core_algos import register_policy_loss, compute_policy_loss_vanilla
 
         @register_policy_loss("cfg_test_loss")
         def my_loss(*args, **kwargs):
             return compute_policy_loss_vanilla(*args, **kwargs)
         """
-    ))
+        )
+    )
     bad = cfg("actor_rollout_ref.actor.policy_loss.loss_mode=cfg_test_loss")
     with pytest.raises(ValueError, match="cfg_test_loss"):
         validate_config(bad)
-    v = validate_config(cfg("actor_rollout_ref.actor.policy_loss.loss_mode=cfg_test_loss", f"trainer.external_modules=[{f}]"))
+    v = validate_config(
+        cfg("actor_rollout_ref.actor.policy_loss.loss_mode=cfg_test_loss", f"trainer.external_modules=[{f}]")
+    )
     assert v.actor.policy_loss.loss_mode == "cfg_test_loss"
 
 
@@ -64,8 +72,13 @@ def test_group_estimator_with_one_response_names_both_keys():
     with pytest.raises(ValueError, match=r"adv_estimator='grpo'.*actor_rollout_ref\.rollout\.n=1"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"))
     # a non-group estimator is fine with n=1
-    validate_config(cfg("algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.n=1",
-                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32"))
+    validate_config(
+        cfg(
+            "algorithm.adv_estimator=reinforce_plus_plus",
+            "actor_rollout_ref.rollout.n=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+        )
+    )
 
 
 def test_gae_without_critic_is_rejected():
@@ -78,10 +91,32 @@ def test_gae_without_critic_is_rejected():
     [
         (["trainer.n_gpus_per_node=3"], r"32 \* 8 = 256 sequences cannot be split evenly over 3 data-parallel workers"),
         (["data.train_batch_size=16"], r"ppo_mini_batch_size=32 is larger than data\.train_batch_size=16"),
-        (["actor_rollout_ref.actor.ppo_mini_batch_size=12"], r"train_batch_size=32 is not a multiple of .*ppo_mini_batch_size=12.*8 prompts"),
-        (["actor_rollout_ref.actor.use_dynamic_bsz=False", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48"], r"ppo_micro_batch_size_per_gpu=48 does not divide .* 32 \* 8 / 1 = 256"),
-        (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_dynamic_bsz=False", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=96"], r"32 \* 8 / 2 = 128"),
-        (["actor_rollout_ref.actor.use_dynamic_bsz=False", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=512"], r"=512 does not divide .* = 256 sequences"),
+        (
+            ["actor_rollout_ref.actor.ppo_mini_batch_size=12"],
+            r"train_batch_size=32 is not a multiple of .*ppo_mini_batch_size=12.*8 prompts",
+        ),
+        (
+            [
+                "actor_rollout_ref.actor.use_dynamic_bsz=False",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48",
+            ],
+            r"ppo_micro_batch_size_per_gpu=48 does not divide .* 32 \* 8 / 1 = 256",
+        ),
+        (
+            [
+                "trainer.n_gpus_per_node=2",
+                "actor_rollout_ref.actor.use_dynamic_bsz=False",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=96",
+            ],
+            r"32 \* 8 / 2 = 128",
+        ),
+        (
+            [
+                "actor_rollout_ref.actor.use_dynamic_bsz=False",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=512",
+            ],
+            r"=512 does not divide .* = 256 sequences",
+        ),
     ],
 )
 def test_batch_size_rules_give_the_numbers(overrides, pattern):
@@ -92,21 +127,36 @@ def test_batch_size_rules_give_the_numbers(overrides, pattern):
 def test_batch_sizes_that_work():
     validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=256"))
     # dynamic batch sizes ignore the micro-batch size
-    validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48",
-                        "actor_rollout_ref.actor.use_dynamic_bsz=True"))
-    validate_config(cfg("algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"))
+    validate_config(
+        cfg(
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48",
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        )
+    )
+    validate_config(
+        cfg(
+            "algorithm.adv_estimator=grpo",
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        )
+    )
 
 
 def test_critic_batch_sizes_use_the_critic_pool():
-    with pytest.raises(ValueError, match=r"critic\.ppo_mini_batch_size \* rollout\.n = 32 \* 8 = 256 sequences cannot be split over 3"):
+    with pytest.raises(
+        ValueError, match=r"critic\.ppo_mini_batch_size \* rollout\.n = 32 \* 8 = 256 sequences cannot be split over 3"
+    ):
         validate_config(cfg("trainer.role_pools={critic: [3]}"))
 
 
 def test_trainer_values_are_checked():
     with pytest.raises(ValueError, match=r"trainer\.resume_mode=resume_path needs trainer\.resume_from_path"):
         validate_config(cfg("trainer.resume_mode=resume_path"))
-    with pytest.raises(ValueError, match=r"trainer\.device='tpu' is not allowed; expected one of \['auto', 'cuda', 'cpu'\]"):
+    with pytest.raises(
+        ValueError, match=r"trainer\.device='tpu' is not allowed; expected one of \['auto', 'cuda', 'cpu'\]"
+    ):
         validate_config(cfg("trainer.device=tpu"))
     with pytest.raises(ValueError, match=r"trainer\.logger\[\]='stdout'"):
         validate_config(cfg("trainer.logger=[console,stdout]"))
@@ -124,7 +174,9 @@ def test_missing_logger_backend_fails_before_start():
 
 def test_rollout_correction_needs_rollout_log_probs():
     with pytest.raises(ValueError, match="calculate_log_probs=True"):
-        validate_config(cfg("algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=False"))
+        validate_config(
+            cfg("algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=False")
+        )
 
 
 def test_missing_local_files_are_named_before_anything_starts(tmp_path, monkeypatch):
@@ -139,16 +191,26 @@ def test_missing_local_files_are_named_before_anything_starts(tmp_path, monkeypa
 
     with monkeypatch.context() as m:
         m.setattr(ppo_utils, "_offline_reason", lambda repo_id: None)
-        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", *REAL_RUN))
+        validate_config(
+            cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", *REAL_RUN)
+        )
     # ... and refused before anything starts when it cannot
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref\.model\.path='no-such-org/no-such-model' is not a local "
-                                                 r"model directory.*cannot be fetched offline: HF_HUB_OFFLINE"):
-        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=no-such-org/no-such-model", *REAL_RUN))
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"actor_rollout_ref\.model\.path='no-such-org/no-such-model' is not a local "
+        r"model directory.*cannot be fetched offline: HF_HUB_OFFLINE",
+    ):
+        validate_config(
+            cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=no-such-org/no-such-model", *REAL_RUN)
+        )
     empty = tmp_path / "empty_model"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref\.model\.path='.*empty_model' is not a local model "
-                                                 r"directory: config\.json missing"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"actor_rollout_ref\.model\.path='.*empty_model' is not a local model "
+        r"directory: config\.json missing",
+    ):
         validate_config(cfg("algorithm.adv_estimator=grpo", f"actor_rollout_ref.model.path={empty}", *REAL_RUN))
     existing = tmp_path / "train.parquet"
     existing.write_bytes(b"")
@@ -156,16 +218,21 @@ def test_missing_local_files_are_named_before_anything_starts(tmp_path, monkeypa
 
 
 def test_remote_and_file_uris_are_checked_before_anything_starts():
-    with pytest.raises(NotImplementedError, match=r"actor_rollout_ref\.model\.path='hdfs://nn/models/x': remote storage"):
-        validate_config(cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=hdfs://nn/models/x", *REAL_RUN))
+    with pytest.raises(
+        NotImplementedError, match=r"actor_rollout_ref\.model\.path='hdfs://nn/models/x': remote storage"
+    ):
+        validate_config(
+            cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=hdfs://nn/models/x", *REAL_RUN)
+        )
     with pytest.raises(FileNotFoundError, match=r"data\.val_files='/no/such/val\.parquet'"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "data.val_files=file:///no/such/val.parquet"))
 
 
 def test_callbacks_are_checked_before_anything_starts(tmp_path):
     f = tmp_path / "my_callbacks_for_config_test.py"
-    f.write_text(textwrap.dedent(
-        """
+    f.write_text(
+        textwrap.dedent(
+            """
         from verl.trainer.ppo.ray_trainer import TrainerCallback
 
         class Good(TrainerCallback):
@@ -174,7 +241,8 @@ def test_callbacks_are_checked_before_anything_starts(tmp_path):
         class NotACallback:
             pass
         """
-    ))
+        )
+    )
     v = validate_config(cfg("algorithm.adv_estimator=grpo", f"trainer.callbacks=[{f}:Good]"))
     assert v.trainer.callbacks == [f"{f}:Good"]
     with pytest.raises(ValueError, match=r"trainer\.callbacks entry='Good' must look like 'path/to/file\.py:Name'"):
@@ -216,11 +284,18 @@ def test_standalone_rollout_is_refused_before_ray():
 
 def test_reward_kwargs_are_checked_against_the_function_and_the_manager(tmp_path):
     f = tmp_path / "reward_for_kwargs_test.py"
-    f.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n    return 0.0\n")
+    f.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n    return 0.0\n"
+    )
     validate_config(cfg(f"custom_reward_function.path={f}", "+custom_reward_function.reward_kwargs.scale=2"))
-    with pytest.raises(ValueError, match=r"custom_reward_function\.reward_kwargs\.sclae: compute_score\(\) .* accepted keys: \['scale'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"custom_reward_function\.reward_kwargs\.sclae: compute_score\(\) .* accepted keys: \['scale'\]",
+    ):
         validate_config(cfg(f"custom_reward_function.path={f}", "+custom_reward_function.reward_kwargs.sclae=2"))
-    with pytest.raises(ValueError, match=r"custom_reward_function\.reward_kwargs\.x: the shipped default_compute_score reads no"):
+    with pytest.raises(
+        ValueError, match=r"custom_reward_function\.reward_kwargs\.x: the shipped default_compute_score reads no"
+    ):
         validate_config(cfg("+custom_reward_function.reward_kwargs.x=1"))
     with pytest.raises(ValueError, match=r"reward_model\.reward_kwargs\.overlong: .*'naive'.* does not accept"):
         validate_config(cfg("+reward_model.reward_kwargs.overlong=1"))

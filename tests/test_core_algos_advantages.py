@@ -47,7 +47,9 @@ def _uids(*names):
 @pytest.mark.parametrize("name", ["rloo", "rloo_vectorized"])
 def test_rloo_reference(name):
     rewards, mask = _outcome([0.8, 0.3, 0.6, 0.5])
-    adv, ret = get_adv_estimator_fn(name)(token_level_rewards=rewards, response_mask=mask, index=_uids("q", "q", "q", "q"))
+    adv, ret = get_adv_estimator_fn(name)(
+        token_level_rewards=rewards, response_mask=mask, index=_uids("q", "q", "q", "q")
+    )
     expected = torch.tensor([1 / 3, -1 / 3, 0.2 / 3, -0.2 / 3])
     torch.testing.assert_close(adv[:, 0], expected, atol=1e-4, rtol=0)
     assert adv[:, 0].sum().item() == pytest.approx(0.0, abs=1e-6)
@@ -127,12 +129,16 @@ def test_grpo_hand_computed_and_dr_grpo():
     adv, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index)
     group_a = torch.tensor([1.0, 1.0, 0.0])
     std = group_a.std().item()
-    expected = torch.tensor([(1 - 2 / 3) / (std + 1e-6), 0.0, (1 - 2 / 3) / (std + 1e-6), (0 - 2 / 3) / (std + 1e-6), 0.0])
+    expected = torch.tensor(
+        [(1 - 2 / 3) / (std + 1e-6), 0.0, (1 - 2 / 3) / (std + 1e-6), (0 - 2 / 3) / (std + 1e-6), 0.0]
+    )
     torch.testing.assert_close(adv[:, 0], expected)
     assert adv[4].abs().sum() == 0  # singleton group: no baseline, no signal
     dr, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)
     torch.testing.assert_close(dr[:, 0], torch.tensor([1 / 3, 0.0, 1 / 3, -2 / 3, 0.0]))
-    via_config, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index, config=AlgoConfig(norm_adv_by_std_in_grpo=False))
+    via_config, _ = core_algos.compute_grpo_outcome_advantage(
+        rewards, mask, index, config=AlgoConfig(norm_adv_by_std_in_grpo=False)
+    )
     torch.testing.assert_close(via_config, dr)
 
 
@@ -266,7 +272,9 @@ PRESETS = {
 @given(seed=st.integers(0, 10_000), batch=st.integers(1, 12), n_groups=st.integers(1, 4))
 def test_norm_presets_equal_named_estimators(seed, batch, n_groups):
     gen = torch.Generator().manual_seed(seed)
-    rewards, mask = _outcome(torch.randn(batch, generator=gen), length=3, lengths=torch.randint(1, 4, (batch,), generator=gen))
+    rewards, mask = _outcome(
+        torch.randn(batch, generator=gen), length=3, lengths=torch.randint(1, 4, (batch,), generator=gen)
+    )
     index = np.array([f"g{int(g)}" for g in torch.randint(0, n_groups, (batch,), generator=gen)], dtype=object)
     norm = get_adv_estimator_fn("norm")
     grpo, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index, epsilon=1e-5)
@@ -277,7 +285,9 @@ def test_norm_presets_equal_named_estimators(seed, batch, n_groups):
         got, _ = norm(token_level_rewards=rewards, response_mask=mask, index=index, config=cfg)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=name)
         # the same preset through reward_norm (AReaL reading) and through a plain dict config
-        got2, _ = norm(token_level_rewards=rewards, response_mask=mask, index=index, config={"reward_norm": PRESETS[name]})
+        got2, _ = norm(
+            token_level_rewards=rewards, response_mask=mask, index=index, config={"reward_norm": PRESETS[name]}
+        )
         torch.testing.assert_close(got2, expected, atol=1e-5, rtol=1e-5, msg=name)
 
 
@@ -307,7 +317,10 @@ def test_norm_reward_then_adv_and_biased_std():
     step2 = normalize_by_config(step1, dict(mean_level=None, std_level="batch", std_unbiased=False, eps=0.0))
     torch.testing.assert_close(step2, step1 / step1.std(unbiased=False))
     rewards, mask = _outcome(scores)
-    cfg = {"reward_norm": dict(mean_level="group", std_level=None), "adv_norm": dict(mean_level=None, std_level="batch", std_unbiased=False, eps=0.0)}
+    cfg = {
+        "reward_norm": dict(mean_level="group", std_level=None),
+        "adv_norm": dict(mean_level=None, std_level="batch", std_unbiased=False, eps=0.0),
+    }
     adv, _ = get_adv_estimator_fn("norm")(token_level_rewards=rewards, response_mask=mask, index=index, config=cfg)
     torch.testing.assert_close(adv[:, 0], step2)
 
@@ -368,7 +381,9 @@ def test_gae_with_per_trajectory_lambda():
     _, ret = compute_gae_advantage_return(rewards, values, mask, config=cfg)
     # per row lambda: L=3 -> 0.25**(1/2) = 0.5 ; L=2 -> 0.25
     for row, lam in ((0, 0.5), (1, 0.25)):
-        _, ret_row = compute_gae_advantage_return(rewards[row : row + 1], values[row : row + 1], mask[row : row + 1], gamma=1.0, lam=lam)
+        _, ret_row = compute_gae_advantage_return(
+            rewards[row : row + 1], values[row : row + 1], mask[row : row + 1], gamma=1.0, lam=lam
+        )
         torch.testing.assert_close(ret[row], ret_row[0])
 
 
@@ -474,8 +489,19 @@ def test_every_estimator_accepts_uniform_kwargs_and_empty_rows(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "gpg", "grpo_passk", "grpo_process", "gdpo",
-     "optimal_token_baseline", "tir_optimal_token_baseline"],
+    [
+        "grpo",
+        "grpo_vectorized",
+        "rloo",
+        "rloo_vectorized",
+        "opo",
+        "gpg",
+        "grpo_passk",
+        "grpo_process",
+        "gdpo",
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
+    ],
 )
 def test_singleton_groups_get_zero(name):
     rewards, mask = _outcome([1.0, 5.0, -2.0])

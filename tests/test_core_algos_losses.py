@@ -58,7 +58,10 @@ def test_registering_a_policy_loss_under_taken_name_overrides_with_a_warning(cap
         POLICY_LOSS_REGISTRY["vanilla"] = original
     # the same function again is accepted silently (re-import of a user module)
     caplog.clear()
-    assert register_policy_loss("vanilla")(core_algos.compute_policy_loss_vanilla) is core_algos.compute_policy_loss_vanilla
+    assert (
+        register_policy_loss("vanilla")(core_algos.compute_policy_loss_vanilla)
+        is core_algos.compute_policy_loss_vanilla
+    )
     assert not caplog.records
 
 
@@ -76,7 +79,9 @@ def test_unknown_estimator_lists_registered_names():
     with pytest.raises(ValueError, match="grpo") as info:
         core_algos.get_adv_estimator_fn("nope")
     assert str(info.value).startswith("Unknown advantage estimator simply: nope.")
-    assert core_algos.get_adv_estimator_fn(core_algos.AdvantageEstimator.RLOO) is core_algos.compute_rloo_outcome_advantage
+    assert (
+        core_algos.get_adv_estimator_fn(core_algos.AdvantageEstimator.RLOO) is core_algos.compute_rloo_outcome_advantage
+    )
 
 
 def test_registry_is_looked_up_at_call_time():
@@ -266,7 +271,9 @@ def test_reinforce_and_pg_use_ratio():
     adv = torch.ones(1, 2)
     loss, _ = get_policy_loss_fn("reinforce")(old, logp, adv, torch.ones(1, 2), "token-mean", {})
     assert loss.item() == pytest.approx(-logp.sum().item() / 2)
-    loss_r, _ = get_policy_loss_fn("pg")(old, logp, adv, torch.ones(1, 2), "token-mean", {"policy_loss": {"pg_use_ratio": True}})
+    loss_r, _ = get_policy_loss_fn("pg")(
+        old, logp, adv, torch.ones(1, 2), "token-mean", {"policy_loss": {"pg_use_ratio": True}}
+    )
     (grad,) = torch.autograd.grad(loss_r, logp)
     torch.testing.assert_close(grad, torch.tensor([[-2.0, -0.5]]) / 2)
 
@@ -439,7 +446,9 @@ def test_kl_controllers():
 
 
 def test_compute_rewards_k1_in_reward():
-    out = core_algos.compute_rewards(torch.tensor([0.0, 1.0]), torch.tensor([-1.0, -1.0]), torch.tensor([-2.0, -1.0]), 0.5)
+    out = core_algos.compute_rewards(
+        torch.tensor([0.0, 1.0]), torch.tensor([-1.0, -1.0]), torch.tensor([-2.0, -1.0]), 0.5
+    )
     torch.testing.assert_close(out, torch.tensor([-0.5, 1.0]))
 
 

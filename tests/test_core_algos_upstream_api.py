@@ -38,7 +38,10 @@ def test_sapo_always_aggregates_seq_mean_token_mean():
         loss, metrics = get_policy_loss_fn("sapo")(old, logp, adv, mask, mode, {})
         assert loss.item() == pytest.approx(-0.047619, abs=1e-6), mode
     assert metrics["actor/pg_clipfrac"] == 0.0
-    assert inspect.signature(core_algos.compute_policy_loss_sapo).parameters["loss_agg_mode"].default == "seq-mean-token-mean"
+    assert (
+        inspect.signature(core_algos.compute_policy_loss_sapo).parameters["loss_agg_mode"].default
+        == "seq-mean-token-mean"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,12 +54,20 @@ def test_geo_mean_uses_geometric_mean_of_rollout_is_weights():
     # geometric mean sqrt(1*4) = 2 (upstream), arithmetic mean 2.5 (the old bug)
     old = torch.zeros(1, 2)
     logp = torch.zeros(1, 2, requires_grad=True)
-    loss, _ = get_policy_loss_fn("geo_mean")(old, logp, torch.ones(1, 2), torch.ones(1, 2), "token-mean", {},
-                                            rollout_is_weights=torch.tensor([[1.0, 4.0]]))
+    loss, _ = get_policy_loss_fn("geo_mean")(
+        old, logp, torch.ones(1, 2), torch.ones(1, 2), "token-mean", {}, rollout_is_weights=torch.tensor([[1.0, 4.0]])
+    )
     assert loss.item() == pytest.approx(-2.0, abs=1e-6)
     # a masked position does not enter the mean: weights (9 masked, 4) -> 4
-    loss, _ = get_policy_loss_fn("geo_mean")(old, logp, torch.ones(1, 2), torch.tensor([[0, 1]]), "token-mean", {},
-                                            rollout_is_weights=torch.tensor([[9.0, 4.0]]))
+    loss, _ = get_policy_loss_fn("geo_mean")(
+        old,
+        logp,
+        torch.ones(1, 2),
+        torch.tensor([[0, 1]]),
+        "token-mean",
+        {},
+        rollout_is_weights=torch.tensor([[9.0, 4.0]]),
+    )
     assert loss.item() == pytest.approx(-4.0, abs=1e-5)
 
 
@@ -82,7 +93,9 @@ def test_dppo_tv_trust_region_by_probability_change():
     assert m["actor/pg_clipfrac"] == pytest.approx(1 / 3)
     assert m["actor/pg_clipfrac_lower"] == 0.0
     # with clip_ratio_c = 1.5 the kept token 1's ratio 1.2 stays, nothing truncated; with 1.1 it is
-    _, m = get_policy_loss_fn("dppo_tv")(old, logp.detach(), adv, torch.ones(1, 3), "token-mean", {"clip_ratio": 0.2, "clip_ratio_c": 1.1})
+    _, m = get_policy_loss_fn("dppo_tv")(
+        old, logp.detach(), adv, torch.ones(1, 3), "token-mean", {"clip_ratio": 0.2, "clip_ratio_c": 1.1}
+    )
     assert m["actor/pg_clipfrac_lower"] == pytest.approx(1 / 3)
 
 
@@ -93,7 +106,9 @@ def test_dppo_kl_uses_the_bernoulli_kl_of_the_token_probability():
     # p = 0.1: p < p_old -> kept for A > 0 whatever the KL
     old = torch.full((1, 3), LOG(0.5))
     logp = torch.tensor([[LOG(0.8), LOG(0.6), LOG(0.1)]], requires_grad=True)
-    loss, m = get_policy_loss_fn("dppo_kl")(old, logp, torch.ones(1, 3), torch.ones(1, 3), "token-sum", {"clip_ratio": 0.2})
+    loss, m = get_policy_loss_fn("dppo_kl")(
+        old, logp, torch.ones(1, 3), torch.ones(1, 3), "token-sum", {"clip_ratio": 0.2}
+    )
     assert m["actor/pg_clipfrac"] == pytest.approx(1 / 3)
     # token-sum: -(1.2 log 0.6 + 0.2 log 0.1) = 0.612991 + 0.460517
     assert loss.item() == pytest.approx(1.2 * -LOG(0.6) + 0.2 * -LOG(0.1), abs=1e-5)
@@ -103,14 +118,22 @@ def test_dro_quadratic_penalty():
     # A = 2, log p = log 0.5, old = log 0.25, beta 0.1: log ratio = log 2 = 0.693147
     # loss = -(2 * -0.693147 - 0.05 * 0.480453) = 1.410317; d/dlogp = -(2 - 0.1 * 0.693147) = -1.930685
     logp = torch.tensor([[LOG(0.5)]], requires_grad=True)
-    loss, m = get_policy_loss_fn("dro")(torch.tensor([[LOG(0.25)]]), logp, torch.tensor([[2.0]]), torch.ones(1, 1),
-                                       "token-mean", {"policy_loss": {"dro_beta": 0.1}})
+    loss, m = get_policy_loss_fn("dro")(
+        torch.tensor([[LOG(0.25)]]),
+        logp,
+        torch.tensor([[2.0]]),
+        torch.ones(1, 1),
+        "token-mean",
+        {"policy_loss": {"dro_beta": 0.1}},
+    )
     assert loss.item() == pytest.approx(1.410317, abs=1e-6)
     loss.backward()
     assert logp.grad.item() == pytest.approx(-1.930685, abs=1e-6)
     assert m["actor/ppo_kl"] == pytest.approx(-LOG(2))
     with pytest.raises(ValueError, match="dro_beta"):
-        get_policy_loss_fn("dro")(torch.zeros(1, 1), logp, torch.ones(1, 1), torch.ones(1, 1), "token-mean", {"dro_beta": 0.0})
+        get_policy_loss_fn("dro")(
+            torch.zeros(1, 1), logp, torch.ones(1, 1), torch.ones(1, 1), "token-mean", {"dro_beta": 0.0}
+        )
 
 
 def test_up_loss_is_unclipped_for_positive_advantages():
@@ -128,12 +151,20 @@ def test_up_loss_is_unclipped_for_positive_advantages():
 def test_reinforce_direct_function_has_upstream_signature_and_numbers():
     params = list(inspect.signature(core_algos.compute_policy_loss_reinforce).parameters)
     assert params[:2] == ["rollout_log_prob", "log_prob"]
-    assert inspect.signature(core_algos.compute_policy_loss_reinforce).parameters["loss_agg_mode"].default == "seq-mean-token-sum"
+    assert (
+        inspect.signature(core_algos.compute_policy_loss_reinforce).parameters["loss_agg_mode"].default
+        == "seq-mean-token-sum"
+    )
     # one row, A = 1, log p = (-1, -2), w = (1, 0.5): seq-mean-token-sum = -(-1*1 + -2*0.5) = 2
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     loss, m = core_algos.compute_policy_loss_reinforce(
-        torch.tensor([[-1.5, -2.0]]), logp, torch.ones(1, 2), torch.ones(1, 2), config={},
-        rollout_is_weights=torch.tensor([[1.0, 0.5]]))
+        torch.tensor([[-1.5, -2.0]]),
+        logp,
+        torch.ones(1, 2),
+        torch.ones(1, 2),
+        config={},
+        rollout_is_weights=torch.tensor([[1.0, 0.5]]),
+    )
     assert loss.item() == pytest.approx(2.0)
     assert m["actor/ppo_kl"] == pytest.approx((-0.5 + 0.0) / 2)
     # the registered `reinforce` / `pg` losses keep the actor's keyword convention
@@ -184,12 +215,20 @@ def test_compute_value_loss_accepts_upstream_global_keywords():
     # dp_size 2: 0.5 * (1 + 4) / 4 * 2 = 1.25
     vpreds = torch.tensor([[1.0, 2.0]])
     loss, clipfrac = core_algos.compute_value_loss(
-        vpreds, torch.zeros(1, 2), vpreds.clone(), torch.ones(1, 2), 0.5, "token-mean", dp_size=2, batch_num_tokens=4)
+        vpreds, torch.zeros(1, 2), vpreds.clone(), torch.ones(1, 2), 0.5, "token-mean", dp_size=2, batch_num_tokens=4
+    )
     assert loss.item() == pytest.approx(1.25)
     assert clipfrac.item() == 0.0
     loss, _ = core_algos.compute_value_loss(
-        vpreds, torch.zeros(1, 2), vpreds.clone(), torch.ones(1, 2), 0.5, "seq-mean-token-sum-norm",
-        global_batch_size=2, loss_scale_factor=5)
+        vpreds,
+        torch.zeros(1, 2),
+        vpreds.clone(),
+        torch.ones(1, 2),
+        0.5,
+        "seq-mean-token-sum-norm",
+        global_batch_size=2,
+        loss_scale_factor=5,
+    )
     assert loss.item() == pytest.approx(0.5 * 5 / 2 / 5)
 
 
@@ -221,7 +260,9 @@ def test_writes_into_config_global_batch_info_take_effect(clean_batch_info):
     # -2 / 8 * 2 = -0.5
     assert loss_fn(*args)[0].item() == pytest.approx(-0.5)
     # upstream-style losses spread it into agg_loss explicitly: same value
-    assert core_algos.agg_loss(-torch.ones(1, 2), torch.ones(1, 2), "token-mean", **cfg.global_batch_info).item() == pytest.approx(-0.5)
+    assert core_algos.agg_loss(
+        -torch.ones(1, 2), torch.ones(1, 2), "token-mean", **cfg.global_batch_info
+    ).item() == pytest.approx(-0.5)
     # the actor's context overrides per micro-batch and restores on exit
     with core_algos.global_batch_info(batch_num_tokens=4):
         assert loss_fn(*args)[0].item() == pytest.approx(-1.0)  # -2 / 4 * 2
@@ -253,20 +294,30 @@ def test_gdpo_normalises_each_reward_component_then_whitens():
     mask = torch.ones(2, 1)
     non_tensor = {"format_reward": np.array([1.0, 0.0]), "accuracy_reward": np.array([0.0, 1.0])}
     config = {"gdpo_reward_keys": ["format_reward", "accuracy_reward"], "gdpo_reward_weights": [1.0, 2.0]}
-    adv, ret = get_adv_estimator_fn("gdpo")(torch.zeros(2, 1), mask, _uids("g", "g"), config=config,
-                                             non_tensor_batch=non_tensor, batch={})
+    adv, ret = get_adv_estimator_fn("gdpo")(
+        torch.zeros(2, 1), mask, _uids("g", "g"), config=config, non_tensor_batch=non_tensor, batch={}
+    )
     torch.testing.assert_close(adv[:, 0], torch.tensor([-0.70711, 0.70711]), atol=1e-4, rtol=0)
     assert torch.equal(adv, ret)
     # weights (3, 1): (3*0.7071 - 0.7071, -3*0.7071 + 0.7071) = (1.4142, -1.4142) -> whitened (0.7071, -0.7071)
     config["gdpo_reward_weights"] = [3.0, 1.0]
-    adv, _ = get_adv_estimator_fn("gdpo")(torch.zeros(2, 1), mask, _uids("g", "g"), config=config,
-                                           non_tensor_batch=non_tensor, batch={})
+    adv, _ = get_adv_estimator_fn("gdpo")(
+        torch.zeros(2, 1), mask, _uids("g", "g"), config=config, non_tensor_batch=non_tensor, batch={}
+    )
     torch.testing.assert_close(adv[:, 0], torch.tensor([0.70711, -0.70711]), atol=1e-4, rtol=0)
     with pytest.raises(KeyError, match="format_reward"):
-        get_adv_estimator_fn("gdpo")(torch.zeros(2, 1), mask, _uids("g", "g"), config=config,
-                                      non_tensor_batch={"accuracy_reward": np.zeros(2)}, batch={})
+        get_adv_estimator_fn("gdpo")(
+            torch.zeros(2, 1),
+            mask,
+            _uids("g", "g"),
+            config=config,
+            non_tensor_batch={"accuracy_reward": np.zeros(2)},
+            batch={},
+        )
     with pytest.raises(ValueError, match="gdpo_reward_keys"):
-        get_adv_estimator_fn("gdpo")(torch.zeros(2, 1), mask, _uids("g", "g"), config={}, non_tensor_batch=non_tensor, batch={})
+        get_adv_estimator_fn("gdpo")(
+            torch.zeros(2, 1), mask, _uids("g", "g"), config={}, non_tensor_batch=non_tensor, batch={}
+        )
 
 
 def test_optimal_token_baseline_numbers():
@@ -279,14 +330,20 @@ def test_optimal_token_baseline_numbers():
     mask = torch.ones(2, 2)
     old = torch.tensor([[LOG(0.5)] * 2, [LOG(0.25)] * 2])
     adv, ret = get_adv_estimator_fn("optimal_token_baseline")(
-        rewards, mask, _uids("g", "g"), old_log_probs=old, sum_pi_squared=torch.full((2, 2), 0.5))
+        rewards, mask, _uids("g", "g"), old_log_probs=old, sum_pi_squared=torch.full((2, 2), 0.5)
+    )
     torch.testing.assert_close(adv, torch.tensor([[2 / 3, 2 / 3], [-1 / 3, -1 / 3]]), atol=1e-6, rtol=0)
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
     # rollout IS weights scale w by w_is^2: row 1 weights 0.5 -> w 0.25, W = (0.25, 0.5)
     # B_0 = 0.5 / 0.75 = 2/3 -> row 0 advantage 1/3 at t = 0
     adv, _ = get_adv_estimator_fn("optimal_token_baseline")(
-        rewards, mask, _uids("g", "g"), old_log_probs=old, sum_pi_squared=torch.full((2, 2), 0.5),
-        rollout_is_weights=torch.tensor([[1.0, 1.0], [0.5, 0.5]]))
+        rewards,
+        mask,
+        _uids("g", "g"),
+        old_log_probs=old,
+        sum_pi_squared=torch.full((2, 2), 0.5),
+        rollout_is_weights=torch.tensor([[1.0, 1.0], [0.5, 0.5]]),
+    )
     assert adv[0, 0].item() == pytest.approx(1 / 3, abs=1e-6)
 
 
@@ -297,7 +354,9 @@ def test_optimal_token_baseline_zero_tail_and_missing_inputs():
     kwargs = {"old_log_probs": torch.full((2, 3), LOG(0.5)), "sum_pi_squared": torch.full((2, 3), 0.5)}
     adv, ret = get_adv_estimator_fn("optimal_token_baseline")(rewards, mask, _uids("g", "g"), **kwargs)
     assert adv[0, 2].item() == pytest.approx(ret[0, 2].item()) == 1.0
-    adv_no, _ = get_adv_estimator_fn("optimal_token_baseline")(rewards, mask, _uids("g", "g"), handle_zero_tail=False, **kwargs)
+    adv_no, _ = get_adv_estimator_fn("optimal_token_baseline")(
+        rewards, mask, _uids("g", "g"), handle_zero_tail=False, **kwargs
+    )
     assert adv_no[0, 2].item() == pytest.approx(0.0, abs=1e-6)  # only row 0 at t = 2: B = G
     with pytest.raises(ValueError, match="sum_pi_squared"):
         get_adv_estimator_fn("optimal_token_baseline")(rewards, mask, _uids("g", "g"))

@@ -19,8 +19,9 @@ SCRIPTS = ROOT / "scripts" / "data_preprocess"
 
 def _run(script, *args, env_extra=None):
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True, text=True,
-                          env=env, timeout=300, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *args], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT
+    )
 
 
 def _rows(path):
@@ -35,7 +36,9 @@ def test_gsm8k_from_local_jsonl(tmp_path):
     row = train[1]
     assert row["data_source"] == "openai/gsm8k" and row["ability"] == "math"
     assert row["prompt"][0]["role"] == "user"
-    assert row["prompt"][0]["content"].startswith("A farm sells 1,250 eggs") and row["prompt"][0]["content"].endswith('"####".')
+    assert row["prompt"][0]["content"].startswith("A farm sells 1,250 eggs") and row["prompt"][0]["content"].endswith(
+        '"####".'
+    )
     assert row["reward_model"] == {"style": "rule", "ground_truth": "10000"}
     assert row["extra_info"]["split"] == "train" and row["extra_info"]["index"] == 1
     assert [r["reward_model"]["ground_truth"] for r in test] == ["8", "-7"]
@@ -67,12 +70,18 @@ def test_gsm8k_bad_rows_and_arguments(tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "train.jsonl").write_text(json.dumps({"question": "q", "answer": "no final line"}) + "\n")
-    proc = _run("gsm8k.py", "--local_dataset_path", str(bad), "--local_save_dir", str(tmp_path / "o"), "--splits", "train")
+    proc = _run(
+        "gsm8k.py", "--local_dataset_path", str(bad), "--local_save_dir", str(tmp_path / "o"), "--splits", "train"
+    )
     assert proc.returncode != 0 and "train.jsonl (row 0)" in proc.stderr and "####" in proc.stderr
     (bad / "train.jsonl").write_text(json.dumps({"q": "x"}) + "\n")
-    proc = _run("gsm8k.py", "--local_dataset_path", str(bad), "--local_save_dir", str(tmp_path / "o"), "--splits", "train")
+    proc = _run(
+        "gsm8k.py", "--local_dataset_path", str(bad), "--local_save_dir", str(tmp_path / "o"), "--splits", "train"
+    )
     assert proc.returncode != 0 and "missing column(s) ['question', 'answer']" in proc.stderr
-    proc = _run("gsm8k.py", "--local_dataset_path", str(bad), "--local_save_dir", str(tmp_path / "o"), "--splits", "test")
+    proc = _run(
+        "gsm8k.py", "--local_dataset_path", str(bad), "--local_save_dir", str(tmp_path / "o"), "--splits", "test"
+    )
     assert proc.returncode != 0 and "no test file" in proc.stderr
     proc = _run("gsm8k.py", "--local_save_dir", str(tmp_path / "o"))
     assert proc.returncode != 0 and "exactly one of --local_dataset_path" in proc.stderr
@@ -99,8 +108,17 @@ def test_math_from_local_jsonl(tmp_path):
     assert row["extra_info"] == {"split": "train", "index": 0, "level": "Level 1", "type": "Prealgebra"}
     assert default_compute_score(row["data_source"], "so \\boxed{0.5}", row["reward_model"]["ground_truth"]) == 1.0
     # other MATH data sources can be written with --data_source
-    proc = _run("math_dataset.py", "--local_dataset_path", str(FIXTURES / "math" / "test.jsonl"),
-                "--local_save_dir", str(tmp_path / "m500"), "--splits", "test", "--data_source", "HuggingFaceH4/MATH-500")
+    proc = _run(
+        "math_dataset.py",
+        "--local_dataset_path",
+        str(FIXTURES / "math" / "test.jsonl"),
+        "--local_save_dir",
+        str(tmp_path / "m500"),
+        "--splits",
+        "test",
+        "--data_source",
+        "HuggingFaceH4/MATH-500",
+    )
     assert proc.returncode == 0, proc.stderr
     assert _rows(tmp_path / "m500" / "test.parquet")[0]["data_source"] == "HuggingFaceH4/MATH-500"
 
@@ -109,7 +127,9 @@ def test_math_row_without_boxed_answer_is_named(tmp_path):
     d = tmp_path / "d"
     d.mkdir()
     (d / "train.jsonl").write_text(json.dumps({"problem": "p", "solution": "the answer is 3"}) + "\n")
-    proc = _run("math_dataset.py", "--local_dataset_path", str(d), "--local_save_dir", str(tmp_path / "o"), "--splits", "train")
+    proc = _run(
+        "math_dataset.py", "--local_dataset_path", str(d), "--local_save_dir", str(tmp_path / "o"), "--splits", "train"
+    )
     assert proc.returncode != 0 and "train.jsonl (row 0)" in proc.stderr and "boxed" in proc.stderr
 
 
@@ -129,6 +149,8 @@ def test_json_array_input(tmp_path):
     d.mkdir()
     rows = [json.loads(ln) for ln in (FIXTURES / "math" / "train.jsonl").read_text().splitlines()]
     (d / "train.json").write_text(json.dumps(rows, indent=1))
-    proc = _run("math_dataset.py", "--local_dataset_path", str(d), "--local_save_dir", str(tmp_path / "o"), "--splits", "train")
+    proc = _run(
+        "math_dataset.py", "--local_dataset_path", str(d), "--local_save_dir", str(tmp_path / "o"), "--splits", "train"
+    )
     assert proc.returncode == 0, proc.stderr
     assert [r["reward_model"]["ground_truth"] for r in _rows(tmp_path / "o" / "train.parquet")] == ["\\frac{1}{2}", "4"]

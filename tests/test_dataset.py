@@ -60,8 +60,9 @@ def test_item_is_left_padded_with_positions_and_passthrough_fields(tmp_path, tok
     ds = RLHFDataset(path, tokenizer, {**CFG, "return_raw_chat": True, "return_full_prompt": True})
     assert len(ds) == 2
     item = ds[1]
-    expected = tokenizer.apply_chat_template([{"role": "user", "content": "47+85"}], add_generation_prompt=True,
-                                             tokenize=True)["input_ids"]
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "47+85"}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
     n = len(expected)
     assert item["raw_prompt_ids"] == expected
     assert item["input_ids"].shape == item["attention_mask"].shape == item["position_ids"].shape == (16,)
@@ -168,8 +169,9 @@ def test_overlong_prompt_error_filter_and_truncation(tmp_path, tokenizer):
     assert len(filtered) == 2 and filtered.num_filtered == 1
     assert [filtered[i]["index"] for i in range(2)] == [100, 102]
 
-    full = tokenizer.apply_chat_template([{"role": "user", "content": long}], add_generation_prompt=True,
-                                         tokenize=True)["input_ids"]
+    full = tokenizer.apply_chat_template(
+        [{"role": "user", "content": long}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
     assert len(full) == 25
     left = RLHFDataset(path, tokenizer, {**CFG, "truncation": "left"})[1]
     right = RLHFDataset(path, tokenizer, {**CFG, "truncation": "right"})[1]
@@ -284,7 +286,9 @@ def test_resume_anywhere_continues_exactly(n, batch_size, drop_last, n_epochs, s
 
 
 def test_epochs_differ_and_state_after_last_batch_means_epoch_done():
-    make = lambda: StatefulDataLoader(list(range(8)), batch_size=4, sampler=SeededRandomSampler(8, seed=1), drop_last=True)
+    make = lambda: StatefulDataLoader(
+        list(range(8)), batch_size=4, sampler=SeededRandomSampler(8, seed=1), drop_last=True
+    )
     loader = make()
     e0 = [b.tolist() for b in loader]
     e1 = [b.tolist() for b in loader]  # plain loops advance the epoch by themselves
@@ -341,8 +345,9 @@ def test_unresumable_or_mismatched_states_fail_clearly():
 def test_rl_batches_through_the_loader(tmp_path, tokenizer):
     path = _parquet(tmp_path / "a.parquet", [_row(i, f"{i}+1") for i in range(10)])
     ds = RLHFDataset(path, tokenizer, CFG)
-    loader = StatefulDataLoader(ds, batch_size=4, sampler=create_rl_sampler({"seed": 1}, ds), drop_last=True,
-                                collate_fn=collate_fn)
+    loader = StatefulDataLoader(
+        ds, batch_size=4, sampler=create_rl_sampler({"seed": 1}, ds), drop_last=True, collate_fn=collate_fn
+    )
     batches = list(loader)
     assert len(batches) == 2
     assert batches[0]["input_ids"].shape == (4, 16)

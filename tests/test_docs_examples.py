@@ -21,20 +21,22 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 
 
 def one_step(run_dir: Path, *overrides: str) -> tuple[dict, list[dict]]:
-    cfg = load_default_config([
-        "trainer.total_training_steps=1",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
-        "trainer.logger=[file]",
-        "trainer.plot=False",
-        "trainer.torch_threads_per_worker=1",
-        "data.train_batch_size=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        f"trainer.log_dir={run_dir}/log",
-        f"trainer.default_local_dir={run_dir}/ckpt",
-        f"trainer.rollout_data_dir={run_dir}/rollouts",
-        *overrides,
-    ])
+    cfg = load_default_config(
+        [
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=False",
+            "trainer.test_freq=-1",
+            "trainer.logger=[file]",
+            "trainer.plot=False",
+            "trainer.torch_threads_per_worker=1",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            f"trainer.log_dir={run_dir}/log",
+            f"trainer.default_local_dir={run_dir}/ckpt",
+            f"trainer.rollout_data_dir={run_dir}/rollouts",
+            *overrides,
+        ]
+    )
     run_ppo(cfg)
     metrics: dict = {}
     for line in (run_dir / "log" / "metrics.jsonl").read_text().splitlines():

@@ -39,10 +39,21 @@ def _data(tok, advantages_seed=0, n_groups=4):
 
 def _actor(model, lr=1.0, optimizer="sgd", **cfg):
     model = copy.deepcopy(model)
-    base = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, use_dynamic_bsz=False, loss_scale_factor=6.0, grad_clip=1e9, clip_ratio=0.2)
+    base = dict(
+        ppo_mini_batch_size=8,
+        ppo_micro_batch_size_per_gpu=8,
+        use_dynamic_bsz=False,
+        loss_scale_factor=6.0,
+        grad_clip=1e9,
+        clip_ratio=0.2,
+    )
     base.update(cfg)
     config = ActorConfig(**base)
-    opt = torch.optim.SGD(model.parameters(), lr=lr) if optimizer == "sgd" else torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=lr)
+        if optimizer == "sgd"
+        else torch.optim.AdamW(model.parameters(), lr=lr)
+    )
     return DataParallelPPOActor(config, model, opt), model
 
 
@@ -99,7 +110,9 @@ def test_dynamic_batch_log_prob_matches_and_restores_order(tiny):
 def _reference_step(model, batch, uid, mode, lr=1.0, entropy_coeff=0.0, kl_coef=0.0, ref_lp=None):
     """Parameters after one SGD step on the full-batch loss computed with a plain padded forward."""
     model = copy.deepcopy(model)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits
     resp_logits = logits[:, -batch["responses"].shape[1] - 1 : -1]
     lp = torch.log_softmax(resp_logits, -1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
     mask = batch["response_mask"]
@@ -107,9 +120,13 @@ def _reference_step(model, batch, uid, mode, lr=1.0, entropy_coeff=0.0, kl_coef=
     cfg = ActorConfig(loss_scale_factor=6.0, loss_agg_mode=mode)
     if mode == "prompt-mean":  # the full batch: D_g of each row, number of groups from the rows
         with core_algos.global_batch_info(group_num_tokens=group_tokens):
-            pg_loss, _ = core_algos.compute_policy_loss_vanilla(batch["old_log_probs"], lp, batch["advantages"], mask, mode, cfg)
+            pg_loss, _ = core_algos.compute_policy_loss_vanilla(
+                batch["old_log_probs"], lp, batch["advantages"], mask, mode, cfg
+            )
     else:
-        pg_loss, _ = core_algos.compute_policy_loss_vanilla(batch["old_log_probs"], lp, batch["advantages"], mask, mode, cfg)
+        pg_loss, _ = core_algos.compute_policy_loss_vanilla(
+            batch["old_log_probs"], lp, batch["advantages"], mask, mode, cfg
+        )
     loss = pg_loss
     if entropy_coeff:
         ent = torch.distributions.Categorical(logits=resp_logits).entropy()
@@ -124,14 +141,22 @@ def _reference_step(model, batch, uid, mode, lr=1.0, entropy_coeff=0.0, kl_coef=
     return model
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"])
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"]
+)
 def test_micro_batch_splits_give_the_same_update(tiny, mode):
     _, tok, model = tiny
     batch, uid = _data(tok)
-    batch["old_log_probs"] = reference_log_probs(model, batch) - 0.05 * batch["response_mask"]  # ratio != 1: clip active
+    batch["old_log_probs"] = (
+        reference_log_probs(model, batch) - 0.05 * batch["response_mask"]
+    )  # ratio != 1: clip active
     expected = _reference_step(model, batch, uid, mode)
-    for split in ({"ppo_micro_batch_size_per_gpu": 1}, {"ppo_micro_batch_size_per_gpu": 4}, {"ppo_micro_batch_size_per_gpu": 8},
-                  {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 24}):
+    for split in (
+        {"ppo_micro_batch_size_per_gpu": 1},
+        {"ppo_micro_batch_size_per_gpu": 4},
+        {"ppo_micro_batch_size_per_gpu": 8},
+        {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 24},
+    ):
         actor, updated = _actor(model, loss_agg_mode=mode, **split)
         metrics = actor.update_policy(_proto(batch, uid, temperature=1.0))
         assert metrics["actor/nonfinite_loss_skipped"] == [0.0]
@@ -175,7 +200,10 @@ def test_use_current_with_rollout_is_weights_equals_recomputed_old(tiny, mode):
     _, tok, model = tiny
     batch, uid = _data(tok)
     g = torch.Generator().manual_seed(1)
-    rollout_lp = reference_log_probs(model, batch) - 0.3 * torch.rand(batch["responses"].shape, generator=g) * batch["response_mask"]
+    rollout_lp = (
+        reference_log_probs(model, batch)
+        - 0.3 * torch.rand(batch["responses"].shape, generator=g) * batch["response_mask"]
+    )
     batch["rollout_log_probs"] = rollout_lp
     rc = {"rollout_is": "token", "rollout_is_threshold": 1.1, "rollout_rs": None}  # some weights truncated
     a1, m1 = _actor(model, loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=4)
@@ -205,9 +233,15 @@ def test_entropy_and_kl_terms_match_reference(tiny):
     _, tok, model = tiny
     batch, uid = _data(tok)
     batch["old_log_probs"] = reference_log_probs(model, batch)
-    batch["ref_log_prob"] = batch["old_log_probs"] + 0.1 * torch.randn(batch["responses"].shape) * batch["response_mask"]
-    expected = _reference_step(model, batch, uid, "token-mean", entropy_coeff=0.01, kl_coef=0.5, ref_lp=batch["ref_log_prob"])
-    actor, updated = _actor(model, ppo_micro_batch_size_per_gpu=3, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.5)
+    batch["ref_log_prob"] = (
+        batch["old_log_probs"] + 0.1 * torch.randn(batch["responses"].shape) * batch["response_mask"]
+    )
+    expected = _reference_step(
+        model, batch, uid, "token-mean", entropy_coeff=0.01, kl_coef=0.5, ref_lp=batch["ref_log_prob"]
+    )
+    actor, updated = _actor(
+        model, ppo_micro_batch_size_per_gpu=3, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.5
+    )
     metrics = actor.update_policy(_proto(batch, uid))
     assert metrics["actor/kl_loss"][0] > 0 and metrics["actor/entropy"][0] > 0
     for p, q in zip(updated.parameters(), expected.parameters()):
@@ -218,7 +252,9 @@ def test_mini_batches_and_epochs_give_one_step_each(tiny):
     _, tok, model = tiny
     batch, uid = _data(tok)
     batch["old_log_probs"] = reference_log_probs(model, batch)
-    actor, _ = _actor(model, optimizer="adamw", lr=1e-2, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=2)
+    actor, _ = _actor(
+        model, optimizer="adamw", lr=1e-2, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=2
+    )
     metrics = actor.update_policy(_proto(batch, uid))
     assert len(metrics["actor/grad_norm"]) == 4 and len(metrics["actor/pg_loss"]) == 4
     # after the first step the policy moved: later steps see ratio != 1
@@ -256,7 +292,9 @@ def test_rollout_correction_from_meta_info(tiny):
     _, tok, model = tiny
     batch, uid = _data(tok)
     batch["old_log_probs"] = reference_log_probs(model, batch)
-    batch["rollout_log_probs"] = batch["old_log_probs"] - 0.3 * batch["response_mask"]  # rollout less likely: IS weight e^0.3
+    batch["rollout_log_probs"] = (
+        batch["old_log_probs"] - 0.3 * batch["response_mask"]
+    )  # rollout less likely: IS weight e^0.3
     rc = {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": None}
     actor, updated = _actor(model)
     metrics = actor.update_policy(_proto(batch, uid, rollout_correction=rc))
@@ -265,7 +303,9 @@ def test_rollout_correction_from_meta_info(tiny):
     assert metrics["rollout_corr/kl"] == [pytest.approx(-0.3, abs=1e-5)]
     # same as passing the weights explicitly
     actor2, updated2 = _actor(model)
-    batch2 = dict(batch, rollout_is_weights=torch.full(batch["responses"].shape, math.exp(0.3)) * batch["response_mask"])
+    batch2 = dict(
+        batch, rollout_is_weights=torch.full(batch["responses"].shape, math.exp(0.3)) * batch["response_mask"]
+    )
     actor2.update_policy(_proto(batch2, uid))
     for p, q in zip(updated.parameters(), updated2.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)

@@ -38,7 +38,11 @@ def _critic(model, lr=1e-2, optimizer="adam", **cfg):
     model = copy.deepcopy(model)
     base = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, grad_clip=1e9, cliprange_value=0.5)
     base.update(cfg)
-    opt = torch.optim.SGD(model.parameters(), lr=lr) if optimizer == "sgd" else torch.optim.Adam(model.parameters(), lr=lr)
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=lr)
+        if optimizer == "sgd"
+        else torch.optim.Adam(model.parameters(), lr=lr)
+    )
     return DataParallelPPOCritic(CriticConfig(**base), model, opt), model
 
 
@@ -54,7 +58,9 @@ def test_compute_values_matches_plain_forward(value_model):
     critic, _ = _critic(model)
     values = critic.compute_values(DataProto.from_dict(tensors=batch, meta_info={"micro_batch_size": 3}))
     with torch.no_grad():
-        ref = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits[..., 0]
+        ref = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+        ).logits[..., 0]
     ref = ref[:, -7:-1] * batch["response_mask"]
     torch.testing.assert_close(values, ref, atol=1e-5, rtol=0)
 
@@ -65,7 +71,11 @@ def test_micro_batch_split_gives_the_same_update(value_model):
     critic, _ = _critic(model)
     batch["values"] = critic.compute_values(DataProto.from_dict(tensors=batch, meta_info={"micro_batch_size": 8}))
     results = []
-    for split in ({"ppo_micro_batch_size_per_gpu": 1}, {"ppo_micro_batch_size_per_gpu": 8}, {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 30}):
+    for split in (
+        {"ppo_micro_batch_size_per_gpu": 1},
+        {"ppo_micro_batch_size_per_gpu": 8},
+        {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 30},
+    ):
         c, updated = _critic(model, optimizer="sgd", lr=1.0, **split)
         metrics = c.update_critic(DataProto.from_dict(tensors=dict(batch)))
         results.append((updated, metrics))
@@ -126,4 +136,6 @@ def test_dynamic_batch_without_budget_is_named(value_model):
     batch = _batch(tok)
     critic, _ = _critic(model)
     with pytest.raises(ValueError, match="token budget"):
-        critic.compute_values(DataProto.from_dict(tensors=batch, meta_info={"use_dynamic_bsz": True, "max_token_len": None}))
+        critic.compute_values(
+            DataProto.from_dict(tensors=batch, meta_info={"use_dynamic_bsz": True, "max_token_len": None})
+        )

@@ -10,9 +10,15 @@ from test_e2e_ppo import assets, run  # noqa: F401 - the module-scoped fixture i
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-COMMON = ("algorithm.adv_estimator=grpo", "trainer.test_freq=-1", "trainer.val_before_train=False",
-          "trainer.save_freq=2", "trainer.total_epochs=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+COMMON = (
+    "algorithm.adv_estimator=grpo",
+    "trainer.test_freq=-1",
+    "trainer.val_before_train=False",
+    "trainer.save_freq=2",
+    "trainer.total_epochs=3",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+)
 
 
 def _steps_in_log(run_dir) -> list[int]:
@@ -47,5 +53,11 @@ def test_saved_step_metrics_survive_a_kill_and_a_damaged_checkpoint_falls_back(r
     data = open(victim, "rb").read()
     open(victim, "wb").write(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"global_step_4/actor/optim\.pt is truncated"):
-        run(assets, run_dir, *COMMON, "trainer.total_training_steps=4", "trainer.resume_mode=resume_path",
-            f"trainer.resume_from_path={os.path.dirname(os.path.dirname(victim))}")
+        run(
+            assets,
+            run_dir,
+            *COMMON,
+            "trainer.total_training_steps=4",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={os.path.dirname(os.path.dirname(victim))}",
+        )

@@ -32,7 +32,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
     return {"score": score, "acc": float(digits >= 2)}
 '''
 
-MARKER_LOSS = '''
+MARKER_LOSS = """
 import os
 
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_policy_loss
@@ -45,20 +45,22 @@ def marker_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode
     with open(MARKER, "a") as fh:
         fh.write(f"{{os.getpid()}}\\n")
     return compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
-'''
+"""
 
 
 def rl_rows(n: int, split: str, data_source: str = DATA_SOURCE, seed: int = 0) -> list[dict]:
     rows = []
     for i in range(n):
         a, b = (i * 7 + seed) % 10, (i * 3 + 1 + seed) % 10
-        rows.append({
-            "data_source": data_source,
-            "prompt": [{"role": "user", "content": f"{a}+{b}"}],
-            "ability": "arithmetic",
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-            "extra_info": {"split": split, "index": i},
-        })
+        rows.append(
+            {
+                "data_source": data_source,
+                "prompt": [{"role": "user", "content": f"{a}+{b}"}],
+                "ability": "arithmetic",
+                "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                "extra_info": {"split": split, "index": i},
+            }
+        )
     return rows
 
 
@@ -127,7 +129,8 @@ def finite(x) -> bool:
 
 def test_grpo_with_kl_loss_custom_reward_checkpoint_and_plot(ray_session, assets, tmp_path):
     out, m = run(
-        assets, tmp_path,
+        assets,
+        tmp_path,
         "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.actor.use_kl_loss=True",
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
@@ -138,10 +141,21 @@ def test_grpo_with_kl_loss_custom_reward_checkpoint_and_plot(ray_session, assets
     s2 = m[2]
     assert finite(s2["actor/kl_loss"]) and finite(s2["actor/pg_loss"]) and finite(s2["actor/grad_norm"])
     assert s2["critic/score/min"] >= 0.5  # the reward_kwargs bonus reached the user function
-    for key in ("timing_s/gen", "timing_s/ref", "timing_s/update_actor", "timing_s/step", "perf/throughput",
-                "perf/mfu/step", "response_length/clip_ratio", "critic/advantages/mean", "val-core/e2e_toy/reward/mean@1",
-                "val-core/e2e_toy/acc/mean@1", "reward/score_errors",
-                "reward/score_timeouts", "reward/math_verify_fallbacks"):
+    for key in (
+        "timing_s/gen",
+        "timing_s/ref",
+        "timing_s/update_actor",
+        "timing_s/step",
+        "perf/throughput",
+        "perf/mfu/step",
+        "response_length/clip_ratio",
+        "critic/advantages/mean",
+        "val-core/e2e_toy/reward/mean@1",
+        "val-core/e2e_toy/acc/mean@1",
+        "reward/score_errors",
+        "reward/score_timeouts",
+        "reward/math_verify_fallbacks",
+    ):
         assert key in s2, key
     # one mini-batch x one epoch: the separate old-log-prob pass is skipped
     assert "timing_s/old_log_prob" not in s2
@@ -155,7 +169,8 @@ def test_grpo_with_kl_loss_custom_reward_checkpoint_and_plot(ray_session, assets
 
 def test_ppo_with_critic_and_adaptive_kl_in_reward(ray_session, assets, tmp_path):
     _, m = run(
-        assets, tmp_path,
+        assets,
+        tmp_path,
         "algorithm.adv_estimator=gae",
         "algorithm.use_kl_in_reward=True",
         "algorithm.kl_ctrl.type=adaptive",
@@ -167,8 +182,16 @@ def test_ppo_with_critic_and_adaptive_kl_in_reward(ray_session, assets, tmp_path
     )
     assert sorted(m) == [1, 2, 3]
     for step in (1, 2, 3):
-        for key in ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "actor/reward_kl_penalty",
-                    "timing_s/values", "timing_s/update_critic", "timing_s/old_log_prob", "timing_s/ref"):
+        for key in (
+            "critic/vf_loss",
+            "critic/values/mean",
+            "critic/vf_explained_var",
+            "actor/reward_kl_penalty",
+            "timing_s/values",
+            "timing_s/update_critic",
+            "timing_s/old_log_prob",
+            "timing_s/ref",
+        ):
             assert key in m[step], (step, key)
     coef = [m[s]["actor/reward_kl_penalty_coeff"] for s in (1, 2, 3)]
     assert coef[0] == pytest.approx(0.05)
@@ -177,7 +200,8 @@ def test_ppo_with_critic_and_adaptive_kl_in_reward(ray_session, assets, tmp_path
 
 def test_dapo_filter_groups_and_overlong_penalty(ray_session, assets, tmp_path):
     _, m = run(
-        assets, tmp_path,
+        assets,
+        tmp_path,
         "algorithm.adv_estimator=grpo",
         "algorithm.filter_groups.enable=True",
         "algorithm.filter_groups.metric=acc",
@@ -195,12 +219,14 @@ def test_dapo_filter_groups_and_overlong_penalty(ray_session, assets, tmp_path):
         if s.get("train/skipped_step"):
             continue
         assert s["filter_groups/num_gen_batches"] >= 1
-        assert s["filter_groups/kept_groups"] + s["filter_groups/dropped_groups"] == 4 * s["filter_groups/num_gen_batches"]
+        assert (
+            s["filter_groups/kept_groups"] + s["filter_groups/dropped_groups"] == 4 * s["filter_groups/num_gen_batches"]
+        )
     assert "val-aux/e2e_toy/overlong_reward/mean@1" in m[2]
     assert m[2]["val-aux/e2e_toy/overlong_reward/mean@1"] <= 0
 
 
-CALLBACK = '''
+CALLBACK = """
 import json
 
 from verl.trainer.ppo.ray_trainer import TrainerCallback
@@ -213,7 +239,7 @@ class RecordSteps(TrainerCallback):
     def on_step_end(self, trainer, metrics):
         with open({path!r}, "a") as fh:
             fh.write(json.dumps({{"step": trainer.global_steps, "has_adv_rows": "callback/adv_rows" in metrics}}) + "\\n")
-'''
+"""
 
 
 def test_gspo_with_the_shipped_scorer_and_a_callback(ray_session, assets, tmp_path):
@@ -225,7 +251,8 @@ def test_gspo_with_the_shipped_scorer_and_a_callback(ray_session, assets, tmp_pa
     train = write_parquet(rl_rows(8, "train", data_source=ADDITION_DATA_SOURCE), str(tmp_path / "train.parquet"))
     val = write_parquet(rl_rows(4, "test", data_source=ADDITION_DATA_SOURCE, seed=5), str(tmp_path / "val.parquet"))
     _, m = run(
-        assets, tmp_path,
+        assets,
+        tmp_path,
         "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
@@ -246,7 +273,8 @@ def test_custom_policy_loss_from_a_user_file_runs_in_the_workers(ray_session, as
     loss_file = tmp_path / "my_losses.py"
     loss_file.write_text(MARKER_LOSS.format(marker=str(marker)))
     _, m = run(
-        assets, tmp_path,
+        assets,
+        tmp_path,
         "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.actor.policy_loss.loss_mode=e2e_marker_loss",
         f"trainer.external_modules=[{loss_file}]",
@@ -267,9 +295,15 @@ def comparable(step_metrics: dict) -> dict:
 
 def test_resume_is_exact_across_an_epoch_boundary(ray_session, assets, tmp_path):
     # 8 prompts, 4 per step: an epoch is 2 steps; the interrupted run stops at the epoch boundary
-    common = ("algorithm.adv_estimator=grpo", "trainer.test_freq=-1", "trainer.val_before_train=False",
-              "trainer.save_freq=2", "trainer.total_epochs=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+    common = (
+        "algorithm.adv_estimator=grpo",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.save_freq=2",
+        "trainer.total_epochs=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    )
     _, straight = run(assets, tmp_path / "a", *common, "trainer.total_training_steps=4")
     _, first = run(assets, tmp_path / "b", *common, "trainer.total_training_steps=2")
     _, resumed = run(assets, tmp_path / "b", *common, "trainer.total_training_steps=4")
@@ -282,13 +316,17 @@ def test_resume_is_exact_across_an_epoch_boundary(ray_session, assets, tmp_path)
 
 
 def test_bad_config_value_fails_before_anything_starts(assets, tmp_path):
-    cfg = load_default_config(base_overrides(assets, tmp_path) + ["actor_rollout_ref.actor.policy_loss.loss_mode=nope"], preset="always")
+    cfg = load_default_config(
+        base_overrides(assets, tmp_path) + ["actor_rollout_ref.actor.policy_loss.loss_mode=nope"], preset="always"
+    )
     t0 = time.time()
     with pytest.raises(ValueError, match=r"loss_mode='nope' is not a registered policy loss; registered: \["):
         run_ppo(cfg)
     assert time.time() - t0 < 10
     cfg = load_default_config(base_overrides(assets, tmp_path) + ["data.train_batch_size=3"], preset="always")
-    with pytest.raises(ValueError, match=r"data\.train_batch_size \* actor_rollout_ref\.rollout\.n|ppo_mini_batch_size=4 is larger"):
+    with pytest.raises(
+        ValueError, match=r"data\.train_batch_size \* actor_rollout_ref\.rollout\.n|ppo_mini_batch_size=4 is larger"
+    ):
         run_ppo(cfg)
 
 
@@ -297,7 +335,9 @@ def test_bad_data_row_names_the_file_and_row(ray_session, assets, tmp_path):
     rows[5]["prompt"] = "not a list of messages"
     bad = tmp_path / "bad.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = load_default_config(base_overrides(assets, tmp_path) + ["algorithm.adv_estimator=grpo", f"data.train_files={bad}"], preset="always")
+    cfg = load_default_config(
+        base_overrides(assets, tmp_path) + ["algorithm.adv_estimator=grpo", f"data.train_files={bad}"], preset="always"
+    )
     with pytest.raises(Exception, match=r"bad\.jsonl.*row 5") as info:
         run_ppo(cfg)
     assert "prompt" in str(info.value)
@@ -305,8 +345,11 @@ def test_bad_data_row_names_the_file_and_row(ray_session, assets, tmp_path):
 
 ALGORITHMS = {
     "rloo": ["algorithm.adv_estimator=rloo"],
-    "dr_grpo": ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False",
-                "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"],
+    "dr_grpo": [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.norm_adv_by_std_in_grpo=False",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+    ],
     "lite_ppo": ["algorithm.adv_estimator=norm", "algorithm.adv_norm={mean_level: group, std_level: batch}"],
     "grpo_passk": ["algorithm.adv_estimator=grpo_passk"],
     "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus", "algorithm.use_kl_in_reward=True"],
@@ -318,23 +361,41 @@ ALGORITHMS = {
     "cispo": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=cispo"],
     "dppo_tv": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=dppo_tv"],
     "dro": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=dro"],
-    "grpo_multi_rule_rs": ["algorithm.adv_estimator=grpo", "algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2'",
-                           "algorithm.rollout_correction.rollout_rs_threshold='2.0,1.0'",
-                           "actor_rollout_ref.rollout.calculate_log_probs=True"],
-    "grpo_tis": ["algorithm.adv_estimator=grpo", "algorithm.rollout_correction.rollout_is=token",
-                 "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"],
+    "grpo_multi_rule_rs": [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2'",
+        "algorithm.rollout_correction.rollout_rs_threshold='2.0,1.0'",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+    ],
+    "grpo_tis": [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.rollout_correction.rollout_is=token",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    ],
 }
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithm_runs_a_step(ray_session, assets, tmp_path, name):
-    _, m = run(assets, tmp_path, *ALGORITHMS[name], "trainer.total_training_steps=1", "trainer.test_freq=-1",
-               "trainer.val_before_train=False")
+    _, m = run(
+        assets,
+        tmp_path,
+        *ALGORITHMS[name],
+        "trainer.total_training_steps=1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+    )
     s = m[1]
     assert finite(s["actor/pg_loss"]) and finite(s["actor/grad_norm"]), s
     assert finite(s["critic/advantages/mean"])
     if name == "grpo_multi_rule_rs":  # both rules reached the actor and reported under upstream's names
-        for key in ("rollout_rs_token_k1_masked_fraction", "rollout_rs_seq_max_k2_masked_fraction", "rollout_rs_masked_fraction", "kl"):
+        for key in (
+            "rollout_rs_token_k1_masked_fraction",
+            "rollout_rs_seq_max_k2_masked_fraction",
+            "rollout_rs_masked_fraction",
+            "kl",
+        ):
             assert finite(s[f"rollout_corr/{key}"]), key
 
 
@@ -347,7 +408,8 @@ def test_reward_model_worker_scores_the_responses(ray_session, assets, tmp_path)
     build_reward_model(assets["model"]).save_pretrained(rm_dir)
     AutoTokenizer.from_pretrained(assets["model"]).save_pretrained(rm_dir)
     _, m = run(
-        assets, tmp_path,
+        assets,
+        tmp_path,
         "algorithm.adv_estimator=grpo",
         "reward_model.enable=True",
         f"reward_model.model.path={rm_dir}",
@@ -363,13 +425,18 @@ def test_reward_model_worker_scores_the_responses(ray_session, assets, tmp_path)
     rule = [sum(c.isdigit() for c in r["output"]) / 6 for r in rows]
     assert any(abs(r["score"] - x) > 1e-6 for r, x in zip(rows, rule))  # the reward model's scores, not the rule's
     # validation with n=2 samples per prompt: best@2 and maj@2 (vote over the response texts)
-    assert {"val-core/e2e_toy/reward/mean@2", "val-core/e2e_toy/reward/best@2/mean", "val-core/e2e_toy/reward/maj@2/mean"} <= set(m[1])
+    assert {
+        "val-core/e2e_toy/reward/mean@2",
+        "val-core/e2e_toy/reward/best@2/mean",
+        "val-core/e2e_toy/reward/maj@2/mean",
+    } <= set(m[1])
 
 
 def test_two_data_parallel_workers(ray_session, assets, tmp_path):
     # 4 prompts x 2 responses split over 2 worker processes (FSDP over gloo); validation pads 4 prompts
     _, m = run(
-        assets, tmp_path,
+        assets,
+        tmp_path,
         "algorithm.adv_estimator=grpo",
         "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -386,8 +453,16 @@ def test_trainer_seed_reaches_the_workers_sampling(assets, tmp_path, ray_session
     outputs = []
     for seed in (1, 2):
         run_dir = tmp_path / f"seed{seed}"
-        run(assets, str(run_dir), f"trainer.seed={seed}", "trainer.total_training_steps=1", "trainer.test_freq=-1",
-            "trainer.val_before_train=False", "algorithm.adv_estimator=grpo", f"trainer.rollout_data_dir={run_dir}/dump")
+        run(
+            assets,
+            str(run_dir),
+            f"trainer.seed={seed}",
+            "trainer.total_training_steps=1",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=False",
+            "algorithm.adv_estimator=grpo",
+            f"trainer.rollout_data_dir={run_dir}/dump",
+        )
         with open(run_dir / "dump" / "1.jsonl") as fh:
             outputs.append([json.loads(line)["output"] for line in fh])
     assert len(outputs[0]) == len(outputs[1]) > 0

@@ -41,8 +41,14 @@ def model():
 # ------------------------------------------------------------------------------------------ tokenizer
 @pytest.mark.parametrize(
     "text",
-    ["47+85", "Hello, world!  two  spaces\tand\ttabs\n", unicodedata.normalize("NFD", "héllo wörld"),
-     "emoji 🙂 and 中文", " leading and trailing ", ""],
+    [
+        "47+85",
+        "Hello, world!  two  spaces\tand\ttabs\n",
+        unicodedata.normalize("NFD", "héllo wörld"),
+        "emoji 🙂 and 中文",
+        " leading and trailing ",
+        "",
+    ],
 )
 def test_shipped_tokenizer_round_trips_text(tok, text):
     ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -84,13 +90,21 @@ def test_shipped_model_loads_and_generates_answers(tok, model):
     assert type(model).__name__ == "LlamaForCausalLM"
     assert (Path(embedded_default.model_path()) / "model.safetensors").exists()
     rows = pq.read_table(embedded_default.val_files()).to_pylist()[:16]
-    prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"] for r in rows]
+    prompts = [
+        tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"] for r in rows
+    ]
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = (ids != tok.pad_token_id).long()
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=8,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
     texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
     # the warmed-up model answers in the task's format: digits then eos
     assert all(t.isdigit() for t in texts), texts
@@ -107,14 +121,24 @@ def test_shipped_build_info_matches_a_fresh_measurement(tok, model):
     assert ev["sampled_accuracy_t1"] > ev["greedy_accuracy"]
     assert info["sizes_bytes"]["total"] < 8 * 2**20
     rows = pq.read_table(embedded_default.val_files()).to_pylist()
-    prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"] for r in rows]
+    prompts = [
+        tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"] for r in rows
+    ]
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=(ids != tok.pad_token_id).long(), max_new_tokens=8,
-                             do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=(ids != tok.pad_token_id).long(),
+            max_new_tokens=8,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
     texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
-    acc = sum(default_compute_score(r["data_source"], t, r["reward_model"]["ground_truth"]) for t, r in zip(texts, rows))
+    acc = sum(
+        default_compute_score(r["data_source"], t, r["reward_model"]["ground_truth"]) for t, r in zip(texts, rows)
+    )
     assert acc / len(rows) == pytest.approx(ev["greedy_accuracy"], abs=1.5 / len(rows))
 
 
@@ -128,7 +152,10 @@ def test_shipped_data_follow_the_upstream_schema_and_are_disjoint(tok):
             assert r["data_source"] == ADDITION_DATA_SOURCE == embedded_default.DATA_SOURCE
             assert r["prompt"] == [{"role": "user", "content": f"{r['extra_info']['a']}+{r['extra_info']['b']}"}]
             assert r["ability"] == "arithmetic"
-            assert r["reward_model"] == {"style": "rule", "ground_truth": str(r["extra_info"]["a"] + r["extra_info"]["b"])}
+            assert r["reward_model"] == {
+                "style": "rule",
+                "ground_truth": str(r["extra_info"]["a"] + r["extra_info"]["b"]),
+            }
             assert r["extra_info"]["split"] == split and r["extra_info"]["index"] == i
     pairs = lambda rows: {(r["extra_info"]["a"], r["extra_info"]["b"]) for r in rows}
     assert not pairs(train) & pairs(test)
@@ -150,8 +177,9 @@ def test_env_var_points_at_another_build_and_missing_files_say_how_to_rebuild(tm
 def test_recommended_overrides_fit_the_shipped_task(tok):
     rec = embedded_default.recommended_overrides()
     rows = pq.read_table(embedded_default.val_files()).to_pylist()
-    longest_prompt = max(len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"])
-                         for r in rows)
+    longest_prompt = max(
+        len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"]) for r in rows
+    )
     assert longest_prompt <= rec["data.max_prompt_length"]
     assert 4 <= rec["data.max_response_length"]
 
@@ -187,14 +215,42 @@ def test_problem_generation_is_seeded_disjoint_and_bounded():
 
 
 # ------------------------------------------------------------------------------------------ build script
-SMALL = ["--hidden_size", "32", "--num_layers", "1", "--num_heads", "2", "--num_kv_heads", "1",
-         "--intermediate_size", "64", "--sft_steps", "8", "--sft_batch_size", "16", "--n_train", "64",
-         "--n_test", "32", "--n_sft_train", "64", "--n_sft_val", "16", "--eval_samples", "2"]
+SMALL = [
+    "--hidden_size",
+    "32",
+    "--num_layers",
+    "1",
+    "--num_heads",
+    "2",
+    "--num_kv_heads",
+    "1",
+    "--intermediate_size",
+    "64",
+    "--sft_steps",
+    "8",
+    "--sft_batch_size",
+    "16",
+    "--n_train",
+    "64",
+    "--n_test",
+    "32",
+    "--n_sft_train",
+    "64",
+    "--n_sft_val",
+    "16",
+    "--eval_samples",
+    "2",
+]
 
 
 def _build(out):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_embedded_default.py"), "--output_dir", str(out),
-                           *SMALL], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build_embedded_default.py"), "--output_dir", str(out), *SMALL],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "build_info.json").read_text())
 
@@ -209,8 +265,16 @@ def test_build_script_end_to_end_small_and_deterministic(tmp_path):
 
     info = _build(tmp_path / "a")
     out = tmp_path / "a"
-    for rel in ("model/model.safetensors", "model/config.json", "model/tokenizer.json", "model/tokenizer_config.json",
-                "data/train.parquet", "data/test.parquet", "sft/train.parquet", "sft/val.parquet"):
+    for rel in (
+        "model/model.safetensors",
+        "model/config.json",
+        "model/tokenizer.json",
+        "model/tokenizer_config.json",
+        "data/train.parquet",
+        "data/test.parquet",
+        "sft/train.parquet",
+        "sft/val.parquet",
+    ):
         assert (out / rel).is_file(), rel
     assert info["task"]["n_train"] == 64 and info["model"]["hidden_size"] == 32 and info["sft"]["steps"] == 8
     assert set(info["eval_test_split"]) >= {"greedy_accuracy", "sampled_accuracy_t1", "pass@2_t1"}

@@ -115,11 +115,7 @@ def import_edges() -> dict[tuple[str, str], tuple[str, str]]:
 
 
 def upward_edges() -> dict[tuple[str, str], tuple[str, str]]:
-    return {
-        edge: (a, b)
-        for edge, (a, b) in import_edges().items()
-        if a != b and b not in MAY_IMPORT[a]
-    }
+    return {edge: (a, b) for edge, (a, b) in import_edges().items() if a != b and b not in MAY_IMPORT[a]}
 
 
 def test_every_module_has_a_layer():

@@ -26,8 +26,11 @@ def tiny(tmp_path_factory):
 
 
 def lora_config(path, rank=4, **overrides):
-    base = {"actor_rollout_ref.model.lora_rank": rank, "actor_rollout_ref.model.lora_alpha": 8,
-            "actor_rollout_ref.actor.optim.lr": 1e-2}
+    base = {
+        "actor_rollout_ref.model.lora_rank": rank,
+        "actor_rollout_ref.model.lora_alpha": 8,
+        "actor_rollout_ref.actor.optim.lr": 1e-2,
+    }
     base.update(overrides)
     return make_config(path, **base)
 
@@ -42,7 +45,9 @@ def build_actor(cfg, role="actor_rollout"):
 
 def rollout_batch(worker, tok):
     out = worker.generate_sequences(prompt_batch(tok))
-    batch = DataProto.from_dict(tensors=dict(out.batch.items()), non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)})
+    batch = DataProto.from_dict(
+        tensors=dict(out.batch.items()), non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)}
+    )
     _grpo_like_advantages(batch)
     return batch
 
@@ -71,7 +76,11 @@ def test_all_linear_targets_every_linear_layer_but_the_head(tiny):
 
     path, _ = tiny
     model = apply_lora(build_causal_lm(path), HFModelConfig(path=path, lora_rank=2, target_modules="all-linear"))
-    adapted = {n.rsplit(".lora_A", 1)[0].split("base_model.model.", 1)[1] for n, _ in model.named_parameters() if ".lora_A." in n}
+    adapted = {
+        n.rsplit(".lora_A", 1)[0].split("base_model.model.", 1)[1]
+        for n, _ in model.named_parameters()
+        if ".lora_A." in n
+    }
     # 2 layers x (q, k, v, o, gate, up, down); lm_head stays a plain frozen Linear
     assert len(adapted) == 14 and not any("lm_head" in a for a in adapted)
     trainable, total = count_parameters(model)
@@ -80,8 +89,15 @@ def test_all_linear_targets_every_linear_layer_but_the_head(tiny):
     # hidden 32, intermediate 64, kv heads 2 x head dim 8 = 16, r = 2: sum of r * (in + out) per layer
     per_layer = 2 * ((32 + 32) + (32 + 16) + (32 + 16) + (32 + 32) + 2 * (32 + 64) + (64 + 32))
     assert trainable == 2 * per_layer
-    excluded = apply_lora(build_causal_lm(path), HFModelConfig(path=path, lora_rank=2, target_modules=["q_proj", "v_proj"],
-                                                               exclude_modules=["model.layers.1.self_attn.v_proj"]))
+    excluded = apply_lora(
+        build_causal_lm(path),
+        HFModelConfig(
+            path=path,
+            lora_rank=2,
+            target_modules=["q_proj", "v_proj"],
+            exclude_modules=["model.layers.1.self_attn.v_proj"],
+        ),
+    )
     kept = {n.split(".lora_A")[0] for n, _ in excluded.named_parameters() if ".lora_A." in n}
     assert len(kept) == 3 and not any("layers.1.self_attn.v_proj" in k for k in kept)
     assert total > trainable
@@ -128,8 +144,15 @@ def test_lora_actor_is_exact_at_init_trains_only_the_adapter_and_refs_from_the_b
 
 
 def _ws2_worker(rank: int, port: int, path: str, out_dir: str):
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "LOCAL_RANK": str(rank)})
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "LOCAL_RANK": str(rank),
+        }
+    )
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
 
@@ -154,8 +177,10 @@ def _ws2_worker(rank: int, port: int, path: str, out_dir: str):
     assert fsdp_version(worker.actor_module) == 2
     merged = get_lora_merged_state_dict(worker.actor_module, rank0_only=True)
     assert (len(merged) > 0) == (rank == 0)
-    torch.save({"init": init_lp, "after": after, "ref": ref, "gen_keys": sorted(gen.batch.keys()), "merged": merged},
-               os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.save(
+        {"init": init_lp, "after": after, "ref": ref, "gen_keys": sorted(gen.batch.keys()), "merged": merged},
+        os.path.join(out_dir, f"rank{rank}.pt"),
+    )
     torch.distributed.destroy_process_group()
 
 
@@ -331,7 +356,10 @@ def test_lora_critic_trains_adapter_and_value_head_and_resumes(tiny, tmp_path):
     worker.init_model()
     trainable = {n for n, p in worker.critic_module.named_parameters() if p.requires_grad}
     heads = {n for n in trainable if ".lora_" not in n}
-    assert heads == {"base_model.model.score.modules_to_save.default.weight", "base_model.model.score.modules_to_save.default.bias"}
+    assert heads == {
+        "base_model.model.score.modules_to_save.default.weight",
+        "base_model.model.score.modules_to_save.default.bias",
+    }
     tensors = make_batch(tok, PROMPTS, RESPONSES, prompt_len=8, resp_len=6)
     batch = DataProto.from_dict(tensors=tensors)
     values = worker.compute_values(batch).batch["values"]
@@ -353,7 +381,9 @@ def test_reward_model_rejects_lora_keys(tiny):
     from verl.workers.fsdp_workers import RewardModelWorker
 
     path, _ = tiny
-    cfg = make_config(path, **{"reward_model.enable": True, "reward_model.model.path": path, "reward_model.model.lora_rank": 4})
+    cfg = make_config(
+        path, **{"reward_model.enable": True, "reward_model.model.path": path, "reward_model.model.lora_rank": 4}
+    )
     worker = RewardModelWorker(config=cfg.reward_model)
     with pytest.raises(ValueError, match="reward_model.model.lora_rank=4"):
         worker.init_model()

@@ -13,16 +13,24 @@ from verl.trainer.main_ppo import load_default_config
 
 pytest.importorskip("peft")
 
-LORA = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.optim.lr=1e-2")
+LORA = (
+    "actor_rollout_ref.model.lora_rank=4",
+    "actor_rollout_ref.model.lora_alpha=8",
+    "actor_rollout_ref.actor.optim.lr=1e-2",
+)
 
 
 def _trainer(overrides):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
     from verl.trainer.ppo.utils import Role
 
-    config = load_default_config(["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True", *overrides])
+    config = load_default_config(
+        ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True", *overrides]
+    )
     pools = ResourcePoolManager({"global_pool": [1]}, {Role.ActorRollout: "global_pool"}, use_gpu=False)
-    return RayPPOTrainer(config, None, {Role.ActorRollout: object}, pools, train_dataset=[{"x": 1}] * 64, val_dataset=[{"x": 1}])
+    return RayPPOTrainer(
+        config, None, {Role.ActorRollout: object}, pools, train_dataset=[{"x": 1}] * 64, val_dataset=[{"x": 1}]
+    )
 
 
 def test_lora_reference_needs_no_reference_worker():
@@ -40,9 +48,15 @@ def test_lora_reference_needs_no_reference_worker():
 @pytest.mark.slow
 @pytest.mark.ray
 def test_grpo_lora_kl_from_the_disabled_adapter_and_exact_adapter_only_resume(ray_session, assets, tmp_path):  # noqa: F811
-    common = ("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True", "trainer.test_freq=-1",
-              "trainer.val_before_train=False", "trainer.save_freq=2", "actor_rollout_ref.actor.checkpoint.save_lora_only=True",
-              *LORA)
+    common = (
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.save_freq=2",
+        "actor_rollout_ref.actor.checkpoint.save_lora_only=True",
+        *LORA,
+    )
     _, straight = run(assets, tmp_path / "a", *common, "trainer.total_training_steps=4")
     assert sorted(straight) == [1, 2, 3, 4]
     # B = 0 at step 1: the actor equals its reference exactly, then the adapter moves it away
@@ -64,8 +78,17 @@ def test_grpo_lora_kl_from_the_disabled_adapter_and_exact_adapter_only_resume(ra
 @pytest.mark.slow
 @pytest.mark.ray
 def test_ppo_with_a_lora_actor_and_a_lora_critic(ray_session, assets, tmp_path):  # noqa: F811
-    _, m = run(assets, tmp_path, "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", *LORA,
-               "critic.model.lora_rank=4", "critic.model.lora_alpha=8", "critic.optim.lr=1e-2", "trainer.save_freq=2")
+    _, m = run(
+        assets,
+        tmp_path,
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_in_reward=True",
+        *LORA,
+        "critic.model.lora_rank=4",
+        "critic.model.lora_alpha=8",
+        "critic.optim.lr=1e-2",
+        "trainer.save_freq=2",
+    )
     assert sorted(m) == [0, 1, 2]
     for key in ("critic/vf_loss", "actor/pg_loss", "actor/reward_kl_penalty"):
         assert finite(m[2][key]), key

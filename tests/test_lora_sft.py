@@ -21,8 +21,16 @@ def tiny_model_dir(tmp_path_factory, tokenizer):  # noqa: F811
     hidden layers can sharpen; larger weights stand in for a pretrained base."""
     bed = load_build_script()
     d = tmp_path_factory.mktemp("tiny_lora_sft_model")
-    model = bed.build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                            intermediate_size=64, max_position_embeddings=64, seed=0)
+    model = bed.build_model(
+        tokenizer,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        seed=0,
+    )
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -42,10 +50,23 @@ def test_sft_lora_trains_an_adapter_that_rl_continues(tmp_path, tiny_model_dir, 
 
     torch.set_num_threads(1)
     train, val = _sft_data(tmp_path, n_train=64, n_val=16)
-    cfg = _config(tiny_model_dir, train, val, tmp_path / "out", **{
-        "model.lora_rank": 8, "model.lora_alpha": 16, "data.train_batch_size": 16, "data.micro_batch_size_per_gpu": 8,
-        "optim.lr": 1e-2, "optim.warmup_steps_ratio": 0.0, "optim.lr_scheduler": "constant", "trainer.total_training_steps": 40,
-        "trainer.log_freq": 100})
+    cfg = _config(
+        tiny_model_dir,
+        train,
+        val,
+        tmp_path / "out",
+        **{
+            "model.lora_rank": 8,
+            "model.lora_alpha": 16,
+            "data.train_batch_size": 16,
+            "data.micro_batch_size_per_gpu": 8,
+            "optim.lr": 1e-2,
+            "optim.warmup_steps_ratio": 0.0,
+            "optim.lr_scheduler": "constant",
+            "trainer.total_training_steps": 40,
+            "trainer.log_freq": 100,
+        },
+    )
     result = run_sft(cfg)
     hist = result["history"]
     assert sum(h["train/loss"] for h in hist[-3:]) / 3 < 0.7 * hist[0]["train/loss"]
@@ -58,7 +79,9 @@ def test_sft_lora_trains_an_adapter_that_rl_continues(tmp_path, tiny_model_dir, 
         base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
         base_logits = base(input_ids=ids).logits
         merged_logits = AutoModelForCausalLM.from_pretrained(str(out))(input_ids=ids).logits  # plain transformers
-        peft_logits = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(adapter_dir))(input_ids=ids).logits
+        peft_logits = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(adapter_dir))(
+            input_ids=ids
+        ).logits
     assert float((merged_logits - peft_logits).abs().max()) < 1e-5
     assert float((base_logits - peft_logits).abs().max()) > 1e-3  # the adapter learned something
 

@@ -17,8 +17,18 @@ REPO = Path(__file__).resolve().parents[1]
 def test_cli_rejects_a_bad_value_naming_the_key():
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"],
-        capture_output=True, text=True, env=env, cwd=str(REPO), timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.n=1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "actor_rollout_ref.rollout.n=1" in proc.stderr and "adv_estimator='grpo'" in proc.stderr
@@ -29,7 +39,11 @@ def test_cli_rejects_an_unknown_key():
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", "+trainer.totl_epochs=3"],
-        capture_output=True, text=True, env=env, cwd=str(REPO), timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+        timeout=120,
     )
     assert proc.returncode != 0 and "trainer.totl_epochs" in proc.stderr
 
@@ -48,9 +62,19 @@ def test_resource_pool_layout_colocates_by_default_and_splits_on_request():
 def test_cli_override_typo_names_the_closest_key():
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "actor_rollout_ref.actor.ppo_mini_batchsize=16",
-         "hydra.run.dir=/tmp/never_used"],
-        capture_output=True, text=True, env=env, cwd=str(REPO), timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            "actor_rollout_ref.actor.ppo_mini_batchsize=16",
+            "hydra.run.dir=/tmp/never_used",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 1
     assert "Could not override 'actor_rollout_ref.actor.ppo_mini_batchsize'" in proc.stderr

@@ -70,7 +70,9 @@ def test_from_dict_keeps_lists_of_lists_one_dimensional():
 
 
 def test_from_single_dict_sorts_tensors_from_objects():
-    d = DataProto.from_single_dict({"x": torch.zeros(3, 2), "s": np.array(["a", "b", "c"], dtype=object), "l": ["p", "q", "r"]}, meta_info={"k": 1})
+    d = DataProto.from_single_dict(
+        {"x": torch.zeros(3, 2), "s": np.array(["a", "b", "c"], dtype=object), "l": ["p", "q", "r"]}, meta_info={"k": 1}
+    )
     assert list(d.batch.keys()) == ["x"]
     assert sorted(d.non_tensor_batch) == ["l", "s"]
     assert d.non_tensor_batch["l"].tolist() == ["p", "q", "r"]
@@ -192,7 +194,11 @@ def test_select_and_deepcopy():
 def test_pop_removes_and_returns():
     d = make(3, meta={"a": 1, "b": 2})
     popped = d.pop(batch_keys=["mask"], non_tensor_batch_keys=["tags"], meta_info_keys=["b"])
-    assert list(popped.batch.keys()) == ["mask"] and list(popped.non_tensor_batch) == ["tags"] and popped.meta_info == {"b": 2}
+    assert (
+        list(popped.batch.keys()) == ["mask"]
+        and list(popped.non_tensor_batch) == ["tags"]
+        and popped.meta_info == {"b": 2}
+    )
     assert "mask" not in d.batch.keys() and "tags" not in d.non_tensor_batch and d.meta_info == {"a": 1}
     with pytest.raises(KeyError, match="'ghost'"):
         d.pop(batch_keys=["ids", "ghost"])
@@ -212,7 +218,11 @@ def test_rename():
 
 def test_union_merges_and_refuses_conflicts():
     d = make(3)
-    other = DataProto.from_dict({"ids": d.batch["ids"].clone(), "extra": torch.ones(3)}, {"uid": d.non_tensor_batch["uid"].copy(), "more": [1, 2, 3]}, meta_info={"temperature": 1.0, "step": 4})
+    other = DataProto.from_dict(
+        {"ids": d.batch["ids"].clone(), "extra": torch.ones(3)},
+        {"uid": d.non_tensor_batch["uid"].copy(), "more": [1, 2, 3]},
+        meta_info={"temperature": 1.0, "step": 4},
+    )
     d.union(other)
     assert {"ids", "extra"} <= set(d.batch.keys()) and "more" in d.non_tensor_batch and d.meta_info["step"] == 4
     clash = DataProto.from_dict({"ids": torch.zeros(3, 3, dtype=torch.int64)})
@@ -290,7 +300,12 @@ def test_chunk_even_and_uneven():
     assert [len(p) for p in padded.chunk(4)] == [2, 2, 1, 0]
     # ... and np.array_split without one
     no_batch = DataProto.from_dict(non_tensors={"s": list("abcdefghij")}, auto_padding=True)
-    assert [p.non_tensor_batch["s"].tolist() for p in no_batch.chunk(4)] == [list("abc"), list("def"), list("gh"), list("ij")]
+    assert [p.non_tensor_batch["s"].tolist() for p in no_batch.chunk(4)] == [
+        list("abc"),
+        list("def"),
+        list("gh"),
+        list("ij"),
+    ]
     with pytest.raises(ValueError, match="positive int"):
         d.chunk(0)
 
@@ -454,7 +469,9 @@ def test_make_iterator_matches_upstream_dataloader_order_and_object_dtype():
     # seeded once, **dataloader_kwargs) once per epoch; the same seed must give the same rows
     n, mbs, epochs, seed = 8, 2, 3, 11
     d = DataProto.from_dict(tensors={"ids": torch.arange(n)}, non_tensors={"k": np.arange(n)})
-    got = [mb.batch["ids"].tolist() for mb in d.make_iterator(mbs, epochs, seed=seed, dataloader_kwargs={"shuffle": True})]
+    got = [
+        mb.batch["ids"].tolist() for mb in d.make_iterator(mbs, epochs, seed=seed, dataloader_kwargs={"shuffle": True})
+    ]
     g = torch.Generator()
     g.manual_seed(seed)
     loader = torch.utils.data.DataLoader(list(range(n)), batch_size=mbs, shuffle=True, generator=g)
@@ -507,7 +524,10 @@ def test_tensordict_round_trip():
     back = DataProto.from_tensordict(td)
     assert_same(back, d)
     with pytest.raises(ValueError, match="'uid'"):
-        DataProto(batch=TensorDict({"uid": torch.zeros(1)}, batch_size=[1]), non_tensor_batch={"uid": np.array(["x"], dtype=object)}).to_tensordict()
+        DataProto(
+            batch=TensorDict({"uid": torch.zeros(1)}, batch_size=[1]),
+            non_tensor_batch={"uid": np.array(["x"], dtype=object)},
+        ).to_tensordict()
 
 
 # ----------------------------------------------------------------------------- pickling
@@ -578,7 +598,12 @@ def test_state_is_plain_buffers():
 
 
 def test_serialize_single_tensor_and_tensordict_round_trip():
-    from verl.protocol import deserialize_single_tensor, deserialize_tensordict, serialize_single_tensor, serialize_tensordict
+    from verl.protocol import (
+        deserialize_single_tensor,
+        deserialize_tensordict,
+        serialize_single_tensor,
+        serialize_tensordict,
+    )
 
     t = torch.tensor([[1.5, -2.0], [0.25, 4.0]], dtype=torch.bfloat16)
     dtype, shape, data = serialize_single_tensor(t)
@@ -594,7 +619,9 @@ def test_serialize_single_tensor_and_tensordict_round_trip():
     nested = torch.nested.as_nested_tensor([torch.arange(2), torch.arange(3)], layout=torch.jagged)
     td = TensorDict({"x": torch.arange(4).reshape(2, 2), "n": nested}, batch_size=[2])
     bs, device, items = serialize_tensordict(td)
-    assert bs == (2,) and device is None and len(items["x"]) == 3 and items["n"][0] == "jagged" and len(items["n"][1]) == 2
+    assert (
+        bs == (2,) and device is None and len(items["x"]) == 3 and items["n"][0] == "jagged" and len(items["n"][1]) == 2
+    )
     td2 = deserialize_tensordict(pickle.loads(pickle.dumps((bs, device, items))))
     assert torch.equal(td2["x"], td["x"]) and [r.tolist() for r in td2["n"].unbind()] == [[0, 1], [0, 1, 2]]
     with pytest.raises(ValueError, match="expected length 2 or 3, got 1"):
@@ -656,8 +683,11 @@ def test_upstream_error_words_and_assertion_compatibility():
 
 
 def test_unfold_column_chunks_splits_per_row_sequences():
-    data = DataProto.from_dict(tensors={"obs1": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), "obs2": torch.tensor([[1], [5]])},
-                               non_tensors={"labels": [["a1", "a2"], ["b1", "b2"]]}, meta_info={"name": "abc"})
+    data = DataProto.from_dict(
+        tensors={"obs1": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), "obs2": torch.tensor([[1], [5]])},
+        non_tensors={"labels": [["a1", "a2"], ["b1", "b2"]]},
+        meta_info={"name": "abc"},
+    )
     ret = data.unfold_column_chunks(2, split_keys=["obs1", "labels"])
     assert ret.batch["obs1"].tolist() == [[1, 2], [3, 4], [5, 6], [7, 8]]
     assert ret.batch["obs2"].tolist() == [[1], [1], [5], [5]]

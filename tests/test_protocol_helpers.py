@@ -62,7 +62,9 @@ def test_concat_chunk_pad_unpad():
 
 def test_concat_nested_jagged_tensors():
     def jagged(*lengths):
-        return torch.nested.as_nested_tensor([torch.arange(n, dtype=torch.float32) for n in lengths], layout=torch.jagged)
+        return torch.nested.as_nested_tensor(
+            [torch.arange(n, dtype=torch.float32) for n in lengths], layout=torch.jagged
+        )
 
     a = TensorDict({"seq": jagged(1, 3), "y": torch.zeros(2)}, batch_size=[2])
     b = TensorDict({"seq": jagged(2), "y": torch.ones(1)}, batch_size=[1])
@@ -93,7 +95,9 @@ def test_assert_tensordict_eq_detects_differences():
 
 
 def test_state_round_trip_with_nested_keys():
-    td = TensorDict({"a": torch.arange(6).reshape(2, 3), "sub": {"b": torch.ones(2, dtype=torch.bfloat16)}}, batch_size=[2])
+    td = TensorDict(
+        {"a": torch.arange(6).reshape(2, 3), "sub": {"b": torch.ones(2, dtype=torch.bfloat16)}}, batch_size=[2]
+    )
     state = tu.tensordict_to_state(td)
     assert state["format"] == "buffers" and len(state["leaves"]) == 2
     back = pickle.loads(pickle.dumps(tu.tensordict_from_state(state)))
@@ -208,7 +212,13 @@ def test_config_get_reads_dicts_dataclasses_dictconfig_and_objects():
         assert config_get(cfg, "missing", 5) == 5
     assert config_get(None, "a", 7) == 7
     # one helper, used by the algorithms and the datasets
-    assert core_algos.config_get is rollout_corr_helper.config_get is rl_dataset.config_get is sft_dataset.config_get is config_get
+    assert (
+        core_algos.config_get
+        is rollout_corr_helper.config_get
+        is rl_dataset.config_get
+        is sft_dataset.config_get
+        is config_get
+    )
 
 
 # ----------------------------------------------------------------------------- protocol v2 contracts (upstream's tensordict_utils)
@@ -260,7 +270,9 @@ def test_concat_tensordict_nested_non_tensor_and_batch_wide_values():
     assert out["input_ids"].values().tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 1, 0]
     assert out["labels"] == ["a", "b", "c", "d"] and out["temp"] == 1.0  # batch-wide: part 0 wins
     assert t1["temp"] == 1.0 and len(t1) == 2  # inputs untouched
-    only_rows = tu.concat_tensordict([tu.get_tensordict({"l": ["a"]}, {"temp": 1.0}), tu.get_tensordict({"l": ["b"]}, {"temp": 2.0})])
+    only_rows = tu.concat_tensordict(
+        [tu.get_tensordict({"l": ["a"]}, {"temp": 1.0}), tu.get_tensordict({"l": ["b"]}, {"temp": 2.0})]
+    )
     assert only_rows.batch_size[0] == 2 and only_rows["temp"] == 1.0
     meta_only = tu.concat_tensordict([tu.get_tensordict({}, {"temp": 1.0}), tu.get_tensordict({}, {"temp": 2.0})])
     assert len(meta_only.batch_size) == 0 and meta_only["temp"] == 1.0
@@ -286,7 +298,12 @@ def test_contiguous_makes_consolidate_safe_and_keeps_entries():
 
     nested = torch.nested.as_nested_tensor([torch.randn(3), torch.randn(4)], layout=torch.jagged)
     data = tu.get_tensordict(
-        {"a": torch.randn(2, 4), "b": torch.randn(2, 4)[:, :-1], "c": nested, "nt": [{"p": torch.randn(2)}, {"p": torch.randn(3)}]},
+        {
+            "a": torch.randn(2, 4),
+            "b": torch.randn(2, 4)[:, :-1],
+            "c": nested,
+            "nt": [{"p": torch.randn(2)}, {"p": torch.randn(3)}],
+        },
         non_tensor_dict={"ntd": torch.arange(3)},
     )
     assert not data["b"].is_contiguous()
@@ -297,7 +314,12 @@ def test_contiguous_makes_consolidate_safe_and_keeps_entries():
 
 
 def test_list_of_dict_to_tensordict_and_position_ids_fix():
-    td = tu.list_of_dict_to_tensordict([{"s": torch.tensor(1.0), "ids": torch.arange(3), "tag": "a"}, {"s": torch.tensor(2.0), "ids": torch.arange(3), "tag": "b"}])
+    td = tu.list_of_dict_to_tensordict(
+        [
+            {"s": torch.tensor(1.0), "ids": torch.arange(3), "tag": "a"},
+            {"s": torch.tensor(2.0), "ids": torch.arange(3), "tag": "b"},
+        ]
+    )
     assert td["s"].tolist() == [1.0, 2.0]
     assert td["ids"].is_nested and td["ids"].offsets().tolist() == [0, 3, 6]  # nested even with equal lengths
     assert td["tag"] == ["a", "b"]
@@ -317,7 +339,11 @@ def test_tensordict_make_iterator_nested_and_seeded_order():
     loader = torch.utils.data.DataLoader(list(range(6)), batch_size=3, shuffle=True, generator=g)
     assert got == [b.tolist() for _ in range(2) for b in loader]
     mb = next(tu.make_iterator(ds, 2, 1))
-    assert [r.tolist() for r in mb["input_ids"].unbind()] == [[0], [0, 1]] and mb["src"] == ["a", "b"] and mb["kw"] == {"top_p": 1.0}
+    assert (
+        [r.tolist() for r in mb["input_ids"].unbind()] == [[0], [0, 1]]
+        and mb["src"] == ["a", "b"]
+        and mb["kw"] == {"top_p": 1.0}
+    )
 
 
 def test_chunk_and_concat_with_3d_nested_tensors_and_per_row_objects():

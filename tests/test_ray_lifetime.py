@@ -61,8 +61,9 @@ def test_private_ray_listens_on_loopback_and_dies_with_a_killed_driver(tmp_path)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for key in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
         env.pop(key, None)
-    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              text=True, env=env)
+    driver = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
     procs = []
     try:
         line = driver.stdout.readline()
@@ -74,8 +75,11 @@ def test_private_ray_listens_on_loopback_and_dies_with_a_killed_driver(tmp_path)
         listening = []
         for p in procs + [psutil.Process(driver.pid)]:
             try:
-                listening += [(p.name(), c.laddr.ip, c.laddr.port) for c in p.net_connections(kind="inet")
-                              if c.status == psutil.CONN_LISTEN]
+                listening += [
+                    (p.name(), c.laddr.ip, c.laddr.port)
+                    for c in p.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN
+                ]
             except psutil.Error:
                 continue
         assert len(listening) >= 4  # GCS, raylet, driver, workers

@@ -25,20 +25,51 @@ LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
 
 # recipe -> (config values the recipe must set, metrics its step must report)
 EXPECTED: dict[str, tuple[dict, list[str]]] = {
-    "ppo": ({"algorithm.adv_estimator": "gae", "algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive",
-             "actor_rollout_ref.rollout.n": 1}, ["critic/vf_loss", "critic/vf_explained_var", "actor/reward_kl_penalty"]),
-    "grpo": ({"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.use_kl_loss": True,
-              "actor_rollout_ref.actor.kl_loss_type": "low_var_kl"}, ["actor/kl_loss"]),
-    "drgrpo": ({"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False,
-                "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"}, []),
-    "liteppo": ({"algorithm.adv_estimator": "norm", "algorithm.adv_norm.mean_level": "group",
-                 "algorithm.adv_norm.std_level": "batch"}, []),
+    "ppo": (
+        {
+            "algorithm.adv_estimator": "gae",
+            "algorithm.use_kl_in_reward": True,
+            "algorithm.kl_ctrl.type": "adaptive",
+            "actor_rollout_ref.rollout.n": 1,
+        },
+        ["critic/vf_loss", "critic/vf_explained_var", "actor/reward_kl_penalty"],
+    ),
+    "grpo": (
+        {
+            "algorithm.adv_estimator": "grpo",
+            "actor_rollout_ref.actor.use_kl_loss": True,
+            "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+        },
+        ["actor/kl_loss"],
+    ),
+    "drgrpo": (
+        {
+            "algorithm.adv_estimator": "grpo",
+            "algorithm.norm_adv_by_std_in_grpo": False,
+            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
+        },
+        [],
+    ),
+    "liteppo": (
+        {
+            "algorithm.adv_estimator": "norm",
+            "algorithm.adv_norm.mean_level": "group",
+            "algorithm.adv_norm.std_level": "batch",
+        },
+        [],
+    ),
     "rloo": ({"algorithm.adv_estimator": "rloo", "algorithm.use_kl_in_reward": True}, ["actor/reward_kl_penalty"]),
     "reinforce_plus_plus": ({"algorithm.adv_estimator": "reinforce_plus_plus"}, ["actor/reward_kl_penalty"]),
     "remax": ({"algorithm.adv_estimator": "remax"}, ["timing_s/gen_max"]),
-    "dapo": ({"algorithm.filter_groups.enable": True, "reward_model.reward_manager": "dapo",
-              "actor_rollout_ref.actor.clip_ratio_high": 0.28, "actor_rollout_ref.actor.use_kl_loss": False},
-             ["filter_groups/kept_groups", "filter_groups/num_gen_batches"]),
+    "dapo": (
+        {
+            "algorithm.filter_groups.enable": True,
+            "reward_model.reward_manager": "dapo",
+            "actor_rollout_ref.actor.clip_ratio_high": 0.28,
+            "actor_rollout_ref.actor.use_kl_loss": False,
+        },
+        ["filter_groups/kept_groups", "filter_groups/num_gen_batches"],
+    ),
     "gspo": ({LOSS: "gspo", "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"}, []),
     "sapo": ({LOSS: "sapo"}, ["actor/sapo_gate_mean"]),
     "cispo": ({LOSS: "cispo"}, []),
@@ -46,8 +77,14 @@ EXPECTED: dict[str, tuple[dict, list[str]]] = {
     "kpop": ({"algorithm.rollout_correction.rollout_rs": "kpop"}, ["rollout_corr/rollout_rs_masked_fraction"]),
     "tis": ({"algorithm.rollout_correction.rollout_is": "token"}, ["rollout_corr/rollout_is_mean"]),
     "custom_loss": ({LOSS: "truncated_pg"}, []),
-    "grpo_lora": ({"algorithm.adv_estimator": "grpo", "actor_rollout_ref.model.lora_rank": 8,
-                   "actor_rollout_ref.actor.use_kl_loss": True}, ["actor/kl_loss", "timing_s/ref"]),
+    "grpo_lora": (
+        {
+            "algorithm.adv_estimator": "grpo",
+            "actor_rollout_ref.model.lora_rank": 8,
+            "actor_rollout_ref.actor.use_kl_loss": True,
+        },
+        ["actor/kl_loss", "timing_s/ref"],
+    ),
 }
 
 FAST = [
@@ -70,15 +107,23 @@ def _get(cfg: dict, dotted: str):
 
 def test_every_recipe_is_covered():
     shipped = {p.stem for p in RECIPES.glob("*.sh")}
-    assert shipped == set(EXPECTED), f"recipes without a test entry: {shipped - set(EXPECTED)}; stale entries: {set(EXPECTED) - shipped}"
+    assert shipped == set(EXPECTED), (
+        f"recipes without a test entry: {shipped - set(EXPECTED)}; stale entries: {set(EXPECTED) - shipped}"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_recipe_runs_one_step(name, tmp_path, ray_session):
     run_dir = tmp_path / name
     env = dict(os.environ, PYTHON=sys.executable, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
-    cmd = ["bash", str(RECIPES / f"{name}.sh"), *FAST,
-           f"trainer.log_dir={run_dir}/log", f"trainer.default_local_dir={run_dir}/ckpt", f"hydra.run.dir={run_dir}/hydra"]
+    cmd = [
+        "bash",
+        str(RECIPES / f"{name}.sh"),
+        *FAST,
+        f"trainer.log_dir={run_dir}/log",
+        f"trainer.default_local_dir={run_dir}/ckpt",
+        f"hydra.run.dir={run_dir}/hydra",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{name}.sh failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 

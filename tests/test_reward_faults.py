@@ -85,8 +85,9 @@ def test_a_string_score_is_an_error_naming_the_function_and_the_row(caplog):
 
 
 def test_numpy_bool_tensor_and_int_scores_are_numbers():
-    out = NaiveRewardManager(CharTokenizer(), 0, numeric_types)(make_batch(["1$", "2$", "3$", "4$"], ["", "", "", ""]),
-                                                                 return_dict=True)
+    out = NaiveRewardManager(CharTokenizer(), 0, numeric_types)(
+        make_batch(["1$", "2$", "3$", "4$"], ["", "", "", ""]), return_dict=True
+    )
     assert out["reward_tensor"].sum(-1).tolist() == [0.5, 1.0, 0.25, 2.0]
     assert not any(out["reward_extra_info"]["score_error"])
 

@@ -161,7 +161,9 @@ def test_batch_manager_calls_once_and_counts_a_failing_batch():
     def broken(**kw):
         raise ValueError("judge down")
 
-    out = BatchRewardManager(CharTokenizer(), 0, broken, error_score=0.0)(make_batch(["1$", "2$"], ["1", "1"]), return_dict=True)
+    out = BatchRewardManager(CharTokenizer(), 0, broken, error_score=0.0)(
+        make_batch(["1$", "2$"], ["1", "1"]), return_dict=True
+    )
     assert out["reward_extra_info"]["score_error"] == [True, True]
 
 
@@ -188,15 +190,17 @@ def test_prime_manager_parallel_with_timeout_and_errors():
 
 def test_user_manager_class_from_file(tmp_path):
     f = tmp_path / "my_rm.py"
-    f.write_text(textwrap.dedent(
-        """
+    f.write_text(
+        textwrap.dedent(
+            """
         from verl.workers.reward_manager import NaiveRewardManager
 
         class ConstantRM(NaiveRewardManager):
             def score_items(self, items):
                 return [0.75 for _ in items]
         """
-    ))
+        )
+    )
     cls = get_reward_manager_cls(f"{f}:ConstantRM")
     assert cls(CharTokenizer(), 0, exact)(make_batch(["1$"], ["2"])).sum().item() == 0.75
     with pytest.raises(ValueError, match=r"^Unknown reward manager: \S+\. .*not a registered reward manager.*'naive'"):

@@ -38,7 +38,9 @@ def _score_alone(model, ids: list[int]) -> float:
 def test_scores_at_last_valid_token(rm, use_remove_padding):
     _, tok, model = rm
     batch = make_batch(tok, PROMPTS, RESPONSES, prompt_len=8, resp_len=6)
-    engine = DataParallelRewardModel(RewardModelConfig(micro_batch_size_per_gpu=3), model, use_remove_padding=use_remove_padding)
+    engine = DataParallelRewardModel(
+        RewardModelConfig(micro_batch_size_per_gpu=3), model, use_remove_padding=use_remove_padding
+    )
     scores = engine.compute_rm_score(DataProto.from_dict(tensors=batch))
     assert scores.shape == (8, 6)
     for i in range(8):

@@ -184,7 +184,9 @@ def test_routing_of_upstream_data_sources():
     assert default_compute_score("numina_cn_k12", r"\boxed{x^2+2x+1}", "(x+1)^2") == 1.0
     assert default_compute_score("numina_amc_aime", "the answer is 7", "8") == 0.0
     # geometry3k: 0.9 * acc + 0.1 * format
-    assert default_compute_score("hiyouga/geometry3k", r"<think>r=2</think> \boxed{4\pi}", r"4\pi") == pytest.approx(1.0)
+    assert default_compute_score("hiyouga/geometry3k", r"<think>r=2</think> \boxed{4\pi}", r"4\pi") == pytest.approx(
+        1.0
+    )
     assert default_compute_score("hiyouga/geometry3k", r"\boxed{4\pi}", r"4\pi") == pytest.approx(0.9)
     assert default_compute_score("hiyouga/geometry3k", r"<think>x</think> \boxed{5}", "4") == pytest.approx(0.1)
     # search-R1: exact match of the last <answer> against any target after normalisation
@@ -230,19 +232,34 @@ def test_sandbox_fusion_scores_against_a_fake_service(monkeypatch):
         calls.append((url, json))
         # the "program" doubles its input: right for inputs 1..3, the expected output of case 4 is wrong
         out = str(int(json["stdin"]) * 2) + "\n"
-        return FakeResponse({"status": "Success", "run_result": {"status": "Finished", "stdout": out, "return_code": 0}})
+        return FakeResponse(
+            {"status": "Success", "run_result": {"status": "Finished", "stdout": out, "return_code": 0}}
+        )
 
     monkeypatch.setattr(requests, "post", fake_post)
     cases = {"inputs": ["1", "2", "3", "4"], "outputs": ["2", "4", "6", "9"]}
-    score, meta = sandbox_fusion.compute_score("http://sandbox/run_code", None, 256, "```python\nprint(int(input())*2)\n```", json.dumps(cases))
+    score, meta = sandbox_fusion.compute_score(
+        "http://sandbox/run_code", None, 256, "```python\nprint(int(input())*2)\n```", json.dumps(cases)
+    )
     assert score == pytest.approx(0.75) and len(meta) == 4 and meta[3]["stdout"] == "8\n"
-    assert calls[0][0] == "http://sandbox/run_code" and calls[0][1]["memory_limit_MB"] == 256 and calls[0][1]["code"].strip() == "print(int(input())*2)"
+    assert (
+        calls[0][0] == "http://sandbox/run_code"
+        and calls[0][1]["memory_limit_MB"] == 256
+        and calls[0][1]["code"].strip() == "print(int(input())*2)"
+    )
     # continuous: 10 passing cases then a failing one -> 10 / 11, never 1.0
     many = {"inputs": [str(i) for i in range(11)], "outputs": [str(2 * i) for i in range(10)] + ["0"]}
-    cont, _ = sandbox_fusion.compute_score("http://sandbox/run_code", None, None, "```python\nx\n```", many, continuous=True)
+    cont, _ = sandbox_fusion.compute_score(
+        "http://sandbox/run_code", None, None, "```python\nx\n```", many, continuous=True
+    )
     assert cont == pytest.approx(10 / 11)
-    assert default_compute_score("codeforces", "```python\nx\n```", cases, sandbox_fusion_url="http://sandbox/run_code") == pytest.approx(0.75)
-    assert sandbox_fusion.compute_score("http://s", None, None, "no code here", cases) == (0.0, [{"error": "Invalid completion (missing code block)"}])
+    assert default_compute_score(
+        "codeforces", "```python\nx\n```", cases, sandbox_fusion_url="http://sandbox/run_code"
+    ) == pytest.approx(0.75)
+    assert sandbox_fusion.compute_score("http://s", None, None, "no code here", cases) == (
+        0.0,
+        [{"error": "Invalid completion (missing code block)"}],
+    )
 
 
 def _score_for_pool(task, completion, reference, extra):
@@ -259,7 +276,11 @@ def test_prime_parallel_compute_score_async_signature_and_results():
 
     params = list(inspect.signature(parallel_compute_score_async).parameters)
     assert params == ["evaluation_func", "completions", "references", "tasks", "extra_info", "num_processes"]
-    scores = asyncio.run(parallel_compute_score_async(_score_for_pool, ["a", "b", "boom", "x"], ["a", "c", "a", "y"], ["s", "s", "s", "t"], num_processes=2))
+    scores = asyncio.run(
+        parallel_compute_score_async(
+            _score_for_pool, ["a", "b", "boom", "x"], ["a", "c", "a", "y"], ["s", "s", "s", "t"], num_processes=2
+        )
+    )
     assert scores == [1.0, 0.0, 0.0, 1.0]  # right, wrong, raised (0.0), tuple -> first element
     assert run_reward_scoring(_score_for_pool, ["a"], ["a"], ["s"], extra_info=[{"i": 0}], num_processes=1) == [1.0]
     with pytest.raises(ValueError, match="lengths differ"):

@@ -22,7 +22,9 @@ def _logs(ratios, base=-1.0):
 
 
 def _mask(old, roll, mask, rule, threshold=None, lower=None):
-    new_mask, _ = rc.compute_rollout_rejection_mask(old - roll, mask, rule, threshold, old, roll, rollout_rs_threshold_lower=lower)
+    new_mask, _ = rc.compute_rollout_rejection_mask(
+        old - roll, mask, rule, threshold, old, roll, rollout_rs_threshold_lower=lower
+    )
     return new_mask.bool().tolist()
 
 
@@ -36,7 +38,9 @@ def test_token_k1_threshold_keeps_ratios_between_inverse_and_threshold():
     old, roll = _logs([[0.45, 0.55, 1.9, 2.1, 7.0]])
     assert _mask(old, roll, torch.ones(1, 5), "token_k1", 2.0) == [[False, True, True, False, False]]
     # the same through the config-driven entry point
-    _, new_mask, _ = rc.compute_rollout_correction(old, roll, torch.ones(1, 5), {"rollout_rs": "token_k1", "rollout_rs_threshold": 2.0})
+    _, new_mask, _ = rc.compute_rollout_correction(
+        old, roll, torch.ones(1, 5), {"rollout_rs": "token_k1", "rollout_rs_threshold": 2.0}
+    )
     assert new_mask.tolist() == [[0, 1, 1, 0, 0]]
 
 
@@ -87,7 +91,8 @@ def test_multi_rule_all_must_pass_with_per_rule_thresholds_and_metrics():
     lr = torch.tensor([[0.0, 0.3], [0.0, 0.9]])
     roll = torch.full_like(lr, -1.0)
     _, new_mask, m = rc.compute_rollout_correction_and_rejection_mask(
-        roll + lr, roll, torch.ones(2, 2), rollout_rs="token_k1,seq_max_k2", rollout_rs_threshold="2.0,0.1")
+        roll + lr, roll, torch.ones(2, 2), rollout_rs="token_k1,seq_max_k2", rollout_rs_threshold="2.0,0.1"
+    )
     assert new_mask.tolist() == [[1, 1], [0, 0]]
     assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(0.5)
     assert m["rollout_corr/rollout_rs_token_k1_masked_fraction"] == pytest.approx(0.25)
@@ -190,7 +195,8 @@ def test_icepop_threshold_string_zeroes_weights_and_keeps_the_mask():
     old = torch.zeros(1, 3)
     roll = -torch.log(torch.tensor([[0.4, 0.8, 6.0]]))
     proto, new_mask, m = rc.compute_rollout_correction_and_rejection_mask(
-        old, roll, torch.ones(1, 3), rollout_is="token", rollout_is_threshold="0.5_5.0")
+        old, roll, torch.ones(1, 3), rollout_is="token", rollout_is_threshold="0.5_5.0"
+    )
     torch.testing.assert_close(proto.batch["rollout_is_weights"], torch.tensor([[0.0, 0.8, 0.0]]), atol=1e-6, rtol=0)
     assert torch.equal(new_mask, torch.ones(1, 3))
     assert m["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(2 / 3)
@@ -226,8 +232,11 @@ def test_offpolicy_metric_numbers():
     assert m["chi2_token"] == pytest.approx((math.e + 1) / 2 - 1)  # 0.859141
     assert m["chi2_seq"] == pytest.approx(math.e - 1)  # exp(2 * 0.5) - 1
     # an all-masked (padding) row, anywhere in the batch, changes no per-row statistic
-    padded = rc.compute_offpolicy_metrics(torch.cat([torch.full((1, 2), -9.0), old]), torch.cat([torch.zeros(1, 2), roll]),
-                                          torch.tensor([[0, 0], [1, 1]], dtype=torch.bool))
+    padded = rc.compute_offpolicy_metrics(
+        torch.cat([torch.full((1, 2), -9.0), old]),
+        torch.cat([torch.zeros(1, 2), roll]),
+        torch.tensor([[0, 0], [1, 1]], dtype=torch.bool),
+    )
     assert padded == pytest.approx(m)
     with pytest.raises(AssertionError, match="at least one valid token"):
         rc.compute_offpolicy_metrics(old, roll, torch.zeros(1, 2))
@@ -241,10 +250,13 @@ def test_entry_point_returns_dataproto_mask_and_prefixed_metrics():
     old, roll = _logs([[1.0, 3.0, 0.4, 1.0], [1.0, 1.0, 1.0, 1.0]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.float32)
     proto, new_mask, m = rc.compute_rollout_correction_and_rejection_mask(
-        old, roll, mask, rollout_is="token", rollout_is_threshold=2.0, rollout_rs="icepop")
+        old, roll, mask, rollout_is="token", rollout_is_threshold=2.0, rollout_rs="icepop"
+    )
     assert isinstance(proto, DataProto)
     # weights are computed on the unrejected mask; the rejected token drops out through the mask
-    torch.testing.assert_close(proto.batch["rollout_is_weights"], torch.tensor([[1.0, 2.0, 0.4, 1.0], [1.0, 1.0, 0.0, 0.0]]))
+    torch.testing.assert_close(
+        proto.batch["rollout_is_weights"], torch.tensor([[1.0, 2.0, 0.4, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    )
     assert new_mask.tolist() == [[1, 1, 0, 1], [1, 1, 0, 0]]
     assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / 6)
     assert m["rollout_corr/log_ratio_abs_max"] == pytest.approx(math.log(3.0), rel=1e-5)  # ours
@@ -261,7 +273,9 @@ def test_entry_point_returns_dataproto_mask_and_prefixed_metrics():
 
 def test_add_to_batch_and_bypass_mode():
     old, roll = _logs([[1.0, 3.0], [1.0, 1.0]])
-    batch = DataProto.from_dict(tensors={"old_log_probs": old, "rollout_log_probs": roll, "response_mask": torch.ones(2, 2)})
+    batch = DataProto.from_dict(
+        tensors={"old_log_probs": old, "rollout_log_probs": roll, "response_mask": torch.ones(2, 2)}
+    )
     cfg = RolloutCorrectionConfig(rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold=2.0)
     batch, m = rc.compute_rollout_correction_and_add_to_batch(batch, cfg)
     assert batch.batch["response_mask"].tolist() == [[1, 0], [1, 1]]
@@ -273,7 +287,9 @@ def test_add_to_batch_and_bypass_mode():
         data = DataProto.from_dict(tensors={"rollout_log_probs": roll.clone(), "response_mask": torch.ones(2, 2)})
         rc.apply_bypass_mode(data, {"loss_type": "reinforce"}, policy_loss)
         assert torch.equal(data.batch["old_log_probs"], roll)
-        assert policy_loss["loss_mode"] == "bypass_mode" and policy_loss["rollout_correction"]["loss_type"] == "reinforce"
+        assert (
+            policy_loss["loss_mode"] == "bypass_mode" and policy_loss["rollout_correction"]["loss_type"] == "reinforce"
+        )
     with pytest.raises(ValueError, match="requires rollout_log_probs"):
         rc.apply_bypass_mode(DataProto.from_dict(tensors={"response_mask": torch.ones(1, 1)}))
 
@@ -306,23 +322,35 @@ def test_validation_names_key_and_allowed_values():
     with pytest.raises(ValueError, match="rollout_is="):
         rc.validate_rollout_correction_config({"rollout_is": "geometric"})
     with pytest.raises(ValueError, match="lower bound 3.0 > upper bound 2.0"):
-        rc.validate_rollout_correction_config({"rollout_rs": "token", "rollout_rs_threshold": 2.0, "rollout_rs_threshold_lower": 3.0})
+        rc.validate_rollout_correction_config(
+            {"rollout_rs": "token", "rollout_rs_threshold": 2.0, "rollout_rs_threshold_lower": 3.0}
+        )
     with pytest.raises(ValueError, match="ratio-bound rules"):
-        rc.validate_rollout_correction_config({"rollout_rs": "token_k3", "rollout_rs_threshold": 2.0, "rollout_rs_threshold_lower": 0.1})
+        rc.validate_rollout_correction_config(
+            {"rollout_rs": "token_k3", "rollout_rs_threshold": 2.0, "rollout_rs_threshold_lower": 0.1}
+        )
     with pytest.raises(ValueError, match="loss_type"):
         rc.validate_rollout_correction_config({"loss_type": "ppo"})
     with pytest.raises(ValueError, match="rollout_is_threshold"):
         rc.validate_rollout_correction_config({"rollout_is_threshold": "x"})
     for mode in rc.ROLLOUT_RS_MODES:
         rc.validate_rollout_correction_config({"rollout_rs": mode, "rollout_rs_threshold": 1.5})
-    rc.validate_rollout_correction_config({"rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "0.5_2.0,0.1",
-                                           "rollout_is": "sequence", "rollout_is_threshold": "0.5_4.0"})
+    rc.validate_rollout_correction_config(
+        {
+            "rollout_rs": "token_k1,seq_mean_k3",
+            "rollout_rs_threshold": "0.5_2.0,0.1",
+            "rollout_is": "sequence",
+            "rollout_is_threshold": "0.5_4.0",
+        }
+    )
 
 
 def test_fully_rejected_sequence_is_counted_and_loss_stays_finite():
     old, roll = _logs([[10.0, 10.0], [1.0, 1.0]])
     mask = torch.ones(2, 2)
-    weights, new_mask, m = rc.compute_rollout_correction(old, roll, mask, {"rollout_rs": "icepop", "rollout_is": "sequence"})
+    weights, new_mask, m = rc.compute_rollout_correction(
+        old, roll, mask, {"rollout_rs": "icepop", "rollout_is": "sequence"}
+    )
     assert new_mask.tolist() == [[0, 0], [1, 1]]
     assert m["rollout_corr/rs_masked_seq_frac"] == pytest.approx(0.5)
     logp = old.clone().requires_grad_(True)
@@ -357,7 +385,8 @@ def _batch_norm_worker(rank, init_file, out_file, empty_rank):
     if rank == empty_rank:
         mask = torch.zeros_like(mask)
     weights, _, m = rc.compute_rollout_correction(
-        old, roll, mask, {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": True})
+        old, roll, mask, {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": True}
+    )
     torch.save((weights, m.get("rollout_corr/rollout_is_batch_norm_factor")), f"{out_file}.{rank}")
     dist.destroy_process_group()
 

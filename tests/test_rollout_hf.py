@@ -36,7 +36,12 @@ def _prompts(tok, prompts=PROMPTS, prompt_len=8, **meta):
     mask = enc["attention_mask"]
     meta = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, **meta}
     return DataProto.from_dict(
-        tensors={"input_ids": enc["input_ids"], "attention_mask": mask, "position_ids": compute_position_id_with_mask(mask)}, meta_info=meta
+        tensors={
+            "input_ids": enc["input_ids"],
+            "attention_mask": mask,
+            "position_ids": compute_position_id_with_mask(mask),
+        },
+        meta_info=meta,
     )
 
 
@@ -57,8 +62,12 @@ def test_greedy_equals_transformers_generate(tiny):
     data = _prompts(tok)
     out = _rollout(model, do_sample=False).generate_sequences(data)
     ref = model.generate(
-        input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"], max_new_tokens=12, do_sample=False,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        input_ids=data.batch["input_ids"],
+        attention_mask=data.batch["attention_mask"],
+        max_new_tokens=12,
+        do_sample=False,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
     )[:, 8:]
     ref = torch.nn.functional.pad(ref, (0, 12 - ref.shape[1]), value=tok.pad_token_id)
     assert torch.equal(out.batch["responses"], ref)
@@ -96,7 +105,9 @@ def test_rollout_log_probs_match_learner(tiny, temperature):
     _, tok, model = tiny
     torch.manual_seed(1)
     out = _rollout(model, temperature=temperature).generate_sequences(_prompts(tok, PROMPTS * 2))
-    actor = DataParallelPPOActor(ActorConfig(ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False), model)
+    actor = DataParallelPPOActor(
+        ActorConfig(ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False), model
+    )
     out.meta_info.update(temperature=temperature, micro_batch_size=4)
     lp, _ = actor.compute_log_prob(out)
     mask = out.batch["response_mask"].bool()
@@ -156,7 +167,9 @@ def test_separate_copy_weight_sync_and_probe(tiny):
     probe = _prompts(tok)
     gen = _rollout(actor_model, do_sample=False).generate_sequences(probe)
     args = (gen.batch["input_ids"], gen.batch["attention_mask"], gen.batch["position_ids"], gen.batch["responses"])
-    actor = DataParallelPPOActor(ActorConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, use_dynamic_bsz=False), actor_model)
+    actor = DataParallelPPOActor(
+        ActorConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, use_dynamic_bsz=False), actor_model
+    )
     gen.meta_info["micro_batch_size"] = 8
     actor_lp, _ = actor.compute_log_prob(gen)
     mask = gen.batch["response_mask"].bool()
@@ -214,7 +227,9 @@ def test_greedy_with_temperature_zero_matches_learner(tiny):
     T=1 log-probs and the learner, given the same temperature 0, must not divide by it."""
     _, tok, model = tiny
     out = _rollout(model, do_sample=False, temperature=0.0).generate_sequences(_prompts(tok))
-    actor = DataParallelPPOActor(ActorConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False), model)
+    actor = DataParallelPPOActor(
+        ActorConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False), model
+    )
     out.meta_info.update(temperature=0.0, micro_batch_size=4)
     lp, _ = actor.compute_log_prob(out)
     mask = out.batch["response_mask"].bool()

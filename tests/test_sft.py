@@ -29,8 +29,16 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     """A 2-layer, hidden-32 Llama with the embedded tokenizer."""
     bed = load_build_script()
     d = tmp_path_factory.mktemp("tiny_model")
-    model = bed.build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                            intermediate_size=64, max_position_embeddings=64, seed=0)
+    model = bed.build_model(
+        tokenizer,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        seed=0,
+    )
     model.save_pretrained(d)
     bed.save_tokenizer(tokenizer, d)
     return str(d)
@@ -45,8 +53,9 @@ def _parquet(path, rows):
 def test_loss_mask_covers_exactly_the_response_and_eos(tmp_path, tokenizer):
     path = _parquet(tmp_path / "a.parquet", [{"prompt": [{"role": "user", "content": "47+85"}], "response": "132"}])
     item = SFTDataset(path, tokenizer, {"max_length": 16})[0]
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "47+85"}], add_generation_prompt=True,
-                                           tokenize=True)["input_ids"]
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "47+85"}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
     response = tokenizer("132", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     n = len(prompt) + len(response)
     assert item["input_ids"].tolist() == prompt + response + [tokenizer.pad_token_id] * (16 - n)
@@ -65,8 +74,13 @@ def test_loss_mask_covers_exactly_the_response_and_eos(tmp_path, tokenizer):
 def test_string_prompts_and_nested_keys(tmp_path, tokenizer):
     rows = [{"extra_info": {"question": "1+2", "answer": "3"}}]
     path = _parquet(tmp_path / "a.parquet", rows)
-    cfg = {"max_length": 12, "prompt_key": "extra_info", "prompt_dict_keys": ["question"],
-           "response_key": "extra_info", "response_dict_keys": ["answer"]}
+    cfg = {
+        "max_length": 12,
+        "prompt_key": "extra_info",
+        "prompt_dict_keys": ["question"],
+        "response_key": "extra_info",
+        "response_dict_keys": ["answer"],
+    }
     item = SFTDataset(path, tokenizer, cfg)[0]
     text = tokenizer.decode(item["input_ids"][item["attention_mask"].bool()].tolist())
     assert text == "<|bos|><|user|>1+2<|end|><|assistant|>3<|end|>"
@@ -85,7 +99,9 @@ def test_truncation_and_bad_rows(tmp_path, tokenizer):
     assert left["loss_mask"].tolist() == [0, 0, 0, 1, 1, 1, 1, 1, 1, 0]
     assert right["input_ids"][0].item() == tokenizer.bos_token_id and right["loss_mask"].sum() == 0
     bad = tmp_path / "b.jsonl"
-    bad.write_text(json.dumps({"prompt": "1+1", "response": "2"}) + "\n" + json.dumps({"prompt": "1+1", "response": 2}) + "\n")
+    bad.write_text(
+        json.dumps({"prompt": "1+1", "response": "2"}) + "\n" + json.dumps({"prompt": "1+1", "response": 2}) + "\n"
+    )
     with pytest.raises(TypeError, match=r"b\.jsonl \(row 1\): column 'response' must be a string"):
         SFTDataset(bad, tokenizer, {"max_length": 16})
     missing = _parquet(tmp_path / "c.parquet", [{"question": "1+1", "response": "2"}])
@@ -94,9 +110,13 @@ def test_truncation_and_bad_rows(tmp_path, tokenizer):
 
 
 def test_multiturn_trains_every_assistant_message(tmp_path, tokenizer):
-    conv = [{"role": "system", "content": "add"}, {"role": "user", "content": "1+1"},
-            {"role": "assistant", "content": "2"}, {"role": "user", "content": "2+2"},
-            {"role": "assistant", "content": "4"}]
+    conv = [
+        {"role": "system", "content": "add"},
+        {"role": "user", "content": "1+1"},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "2+2"},
+        {"role": "assistant", "content": "4"},
+    ]
     path = _parquet(tmp_path / "m.parquet", [{"messages": conv}])
     item = SFTDataset(path, tokenizer, {"max_length": 40, "multiturn": {"enable": True}})[0]
     ids = item["input_ids"].tolist()
@@ -113,17 +133,27 @@ def test_multiturn_trains_every_assistant_message(tmp_path, tokenizer):
 def _sft_data(tmp_path, n_train=256, n_val=32):
     task = AdditionTask(1, 2)
     probs = generate_addition_problems(task, n_train + n_val, seed=0, split="sft")
-    train = _parquet(tmp_path / "train.parquet", [addition_sft_row(a, b, "train", i) for i, (a, b) in enumerate(probs[:n_train])])
-    val = _parquet(tmp_path / "val.parquet", [addition_sft_row(a, b, "val", i) for i, (a, b) in enumerate(probs[n_train:])])
+    train = _parquet(
+        tmp_path / "train.parquet", [addition_sft_row(a, b, "train", i) for i, (a, b) in enumerate(probs[:n_train])]
+    )
+    val = _parquet(
+        tmp_path / "val.parquet", [addition_sft_row(a, b, "val", i) for i, (a, b) in enumerate(probs[n_train:])]
+    )
     return train, val
 
 
 def _config(model_dir, train, val, out_dir, **over):
     from hydra import compose, initialize_config_module
 
-    overrides = [f"data.train_files={train}", f"data.val_files={val}", f"model.partial_pretrain={model_dir}",
-                 f"trainer.default_local_dir={out_dir}", "data.max_length=16", "trainer.device=cpu",
-                 "trainer.logger=[console]"]
+    overrides = [
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        f"model.partial_pretrain={model_dir}",
+        f"trainer.default_local_dir={out_dir}",
+        "data.max_length=16",
+        "trainer.device=cpu",
+        "trainer.logger=[console]",
+    ]
     overrides += [f"{k}={v}" for k, v in over.items()]
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         return compose(config_name="sft_trainer", overrides=overrides)
@@ -136,10 +166,22 @@ def test_sft_world_size_1_loss_decreases_and_saves_hf_dir(tmp_path, tiny_model_d
 
     torch.set_num_threads(1)
     train, val = _sft_data(tmp_path)
-    cfg = _config(tiny_model_dir, train, val, tmp_path / "out", **{
-        "data.train_batch_size": 32, "data.micro_batch_size_per_gpu": 16, "optim.lr": 1e-2,
-        "optim.warmup_steps_ratio": 0.1, "trainer.total_training_steps": 40, "trainer.test_freq": 20,
-        "trainer.save_freq": 20, "trainer.log_freq": 20})
+    cfg = _config(
+        tiny_model_dir,
+        train,
+        val,
+        tmp_path / "out",
+        **{
+            "data.train_batch_size": 32,
+            "data.micro_batch_size_per_gpu": 16,
+            "optim.lr": 1e-2,
+            "optim.warmup_steps_ratio": 0.1,
+            "trainer.total_training_steps": 40,
+            "trainer.test_freq": 20,
+            "trainer.save_freq": 20,
+            "trainer.log_freq": 20,
+        },
+    )
     result = run_sft(cfg)
     hist = result["history"]
     assert len(hist) == 40 and result["skipped_steps"] == 0
@@ -156,18 +198,22 @@ def test_sft_world_size_1_loss_decreases_and_saves_hf_dir(tmp_path, tiny_model_d
     model = AutoModelForCausalLM.from_pretrained(result["final_checkpoint"])
     tok = AutoTokenizer.from_pretrained(result["final_checkpoint"])
     assert tok.decode(tok("héllo 12")["input_ids"]) == "héllo 12"
-    assert json.loads((Path(result["final_checkpoint"]) / "tokenizer_config.json").read_text())["tokenizer_class"] == \
-        "PreTrainedTokenizerFast"
+    assert (
+        json.loads((Path(result["final_checkpoint"]) / "tokenizer_config.json").read_text())["tokenizer_class"]
+        == "PreTrainedTokenizerFast"
+    )
     # the saved weights are the trained ones: the saved model reproduces the final validation loss
     from verl.utils.dataset.sft_dataset import SFTDataset as DS
 
     ds = DS(val, tok, {"max_length": 16})
     batch = {k: torch.stack([ds[i][k] for i in range(len(ds))]) for k in ds[0]}
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"]).logits[:, :-1]
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["input_ids"][:, 1:].reshape(-1),
-                                            reduction="none").view(len(ds), -1)
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+        ).logits[:, :-1]
+    nll = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), batch["input_ids"][:, 1:].reshape(-1), reduction="none"
+    ).view(len(ds), -1)
     mask = batch["loss_mask"][:, :-1]
     assert (nll * mask).sum().item() / mask.sum().item() == pytest.approx(vals[-1], rel=1e-4)
 
@@ -185,9 +231,20 @@ def test_gradient_accumulation_is_exact(tmp_path, tiny_model_dir, tokenizer):
     try:
         params = []
         for micro in (2, 16):
-            cfg = _config(tiny_model_dir, train, val, tmp_path / f"o{micro}", **{
-                "data.train_batch_size": 16, "data.micro_batch_size_per_gpu": micro, "optim.lr": 1e-2,
-                "optim.warmup_steps_ratio": 0, "trainer.total_training_steps": 1, "data.shuffle": False})
+            cfg = _config(
+                tiny_model_dir,
+                train,
+                val,
+                tmp_path / f"o{micro}",
+                **{
+                    "data.train_batch_size": 16,
+                    "data.micro_batch_size_per_gpu": micro,
+                    "optim.lr": 1e-2,
+                    "optim.warmup_steps_ratio": 0,
+                    "trainer.total_training_steps": 1,
+                    "data.shuffle": False,
+                },
+            )
             ds = SFTDataset(train, tokenizer, cfg.data)
             trainer = FSDPSFTTrainer(cfg, tokenizer, ds)
             batch = next(iter(trainer.train_loader))
@@ -211,8 +268,17 @@ def test_gradient_accumulation_is_exact(tmp_path, tiny_model_dir, tokenizer):
         for k in sd_a:  # and so do the parameters (Adam amplifies rounding where a gradient is ~0)
             torch.testing.assert_close(sd_a[k], sd_b[k], rtol=1e-4, atol=1e-5)
         with pytest.raises(ValueError, match="micro_batch_size_per_gpu=3 must divide the per-process batch 16"):
-            FSDPSFTTrainer(_config(tiny_model_dir, train, val, tmp_path / "x", **{
-                "data.train_batch_size": 16, "data.micro_batch_size_per_gpu": 3}), tokenizer, ds)
+            FSDPSFTTrainer(
+                _config(
+                    tiny_model_dir,
+                    train,
+                    val,
+                    tmp_path / "x",
+                    **{"data.train_batch_size": 16, "data.micro_batch_size_per_gpu": 3},
+                ),
+                tokenizer,
+                ds,
+            )
     finally:
         if created:
             dist.destroy_process_group()
@@ -230,16 +296,36 @@ def test_missing_required_keys_fail_before_anything_runs(tmp_path):
 def test_torchrun_two_processes_matches_one(tmp_path, tiny_model_dir):
     """`torchrun --nproc_per_node=2` trains the same model as one process (exact global token mean)."""
     train, val = _sft_data(tmp_path, n_train=32, n_val=8)
-    common = [f"data.train_files={train}", f"data.val_files={val}", f"model.partial_pretrain={tiny_model_dir}",
-              "data.max_length=16", "data.train_batch_size=16", "data.micro_batch_size_per_gpu=4",
-              "data.shuffle=False", "trainer.total_training_steps=3", "trainer.device=cpu", "optim.lr=1e-2",
-              "trainer.logger=[console]", "trainer.log_freq=1", "trainer.torch_threads=1"]
+    common = [
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        f"model.partial_pretrain={tiny_model_dir}",
+        "data.max_length=16",
+        "data.train_batch_size=16",
+        "data.micro_batch_size_per_gpu=4",
+        "data.shuffle=False",
+        "trainer.total_training_steps=3",
+        "trainer.device=cpu",
+        "optim.lr=1e-2",
+        "trainer.logger=[console]",
+        "trainer.log_freq=1",
+        "trainer.torch_threads=1",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     losses = {}
     for nproc in (1, 2):
         out = tmp_path / f"ws{nproc}"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "verl.trainer.fsdp_sft_trainer", *common, f"trainer.default_local_dir={out}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "verl.trainer.fsdp_sft_trainer",
+            *common,
+            f"trainer.default_local_dir={out}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("sft step")]

@@ -14,7 +14,13 @@ from verl import DataProto
 from verl.protocol import DataProtoFuture, all_gather_data_proto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, Execute, make_nd_compute_dataproto_dispatch_fn, register
-from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, WorkerCallError, create_colocated_worker_cls
+from verl.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    WorkerCallError,
+    create_colocated_worker_cls,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -140,7 +146,11 @@ class DemoWorker(Worker):
             {"s": [f"r{self.rank}.{i}" for i in range(n)]},
         )
         all_gather_data_proto(local)
-        return local.batch["r"][:, 0].float().tolist(), local.batch["flag"].all().item(), local.non_tensor_batch["s"].tolist()
+        return (
+            local.batch["r"][:, 0].float().tolist(),
+            local.batch["flag"].all().item(),
+            local.non_tensor_batch["s"].tolist(),
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def fail_on(self, rank: int):
@@ -205,7 +215,9 @@ class BadInitWorker(Worker):
 
 
 def make_data(n: int, **kwargs) -> DataProto:
-    return DataProto.from_dict({"ids": torch.arange(n * 4, dtype=torch.int64).reshape(n, 4)}, {"uid": [f"u{i}" for i in range(n)]}, **kwargs)
+    return DataProto.from_dict(
+        {"ids": torch.arange(n * 4, dtype=torch.int64).reshape(n, 4)}, {"uid": [f"u{i}" for i in range(n)]}, **kwargs
+    )
 
 
 def wait_gone(pid: int, timeout: float = 15.0) -> bool:
@@ -227,7 +239,9 @@ def demo(ray_session):
     os.environ["VERL_TEST_FORWARDED"] = "yes"
     try:
         pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, max_colocate_count=1)
-        wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray_session.remote(DemoWorker), scale=2), num_threads_per_worker=2)
+        wg = RayWorkerGroup(
+            pool, RayClassWithInitArgs(cls=ray_session.remote(DemoWorker), scale=2), num_threads_per_worker=2
+        )
     finally:
         del os.environ["VERL_TEST_FORWARDED"]
     yield wg
@@ -238,7 +252,10 @@ def demo(ray_session):
 @pytest.fixture(scope="module")
 def roles(ray_session):
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
-    class_dict = {"a": RayClassWithInitArgs(cls=ray_session.remote(RoleA)), "b": RayClassWithInitArgs(cls=RoleB, tag="B")}
+    class_dict = {
+        "a": RayClassWithInitArgs(cls=ray_session.remote(RoleA)),
+        "b": RayClassWithInitArgs(cls=RoleB, tag="B"),
+    }
     wg = RayWorkerGroup(pool, create_colocated_worker_cls(class_dict))
     yield wg, wg.spawn(prefix_set=class_dict.keys())
     wg.kill_workers()
@@ -432,7 +449,10 @@ def test_failing_constructor_names_rank_and_leaves_no_actor(ray_session):
         with pytest.raises(WorkerCallError, match=r"(?s)BadInitWorker.__init__ on rank 1.*cannot start rank 1"):
             RayWorkerGroup(pool, RayClassWithInitArgs(cls=BadInitWorker), name_prefix="badinit")
         deadline = time.monotonic() + 15
-        while any(name.startswith("badinit") for name in ray_session.util.list_named_actors()) and time.monotonic() < deadline:
+        while (
+            any(name.startswith("badinit") for name in ray_session.util.list_named_actors())
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
         assert not any(name.startswith("badinit") for name in ray_session.util.list_named_actors())
         assert pool._groups_placed == 0
@@ -451,7 +471,9 @@ def test_docs_example_runs(ray_session, capsys):
     doc = (Path(__file__).resolve().parents[1] / "docs" / "single_controller.md").read_text()
     section = doc.split("## Runnable example", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    expected = [line.split("# ", 1)[1].strip() for line in code.splitlines() if line.startswith("print(") and "# " in line]
+    expected = [
+        line.split("# ", 1)[1].strip() for line in code.splitlines() if line.startswith("print(") and "# " in line
+    ]
     exec(compile(code, "docs/single_controller.md", "exec"), {"__name__": "__main__"})
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-len(expected) :] == expected

@@ -124,7 +124,9 @@ def test_padding_helpers():
     assert verl_F.pad_sequence_to_length(t, 4, 0).tolist() == [[1, 2, 0, 0]]
     assert verl_F.pad_sequence_to_length(t, 4, 0, left_pad=True).tolist() == [[0, 0, 1, 2]]
     assert verl_F.pad_2d_list_to_length([[1], [1, 2, 3]], 0, max_length=4).tolist() == [[1, 0, 0, 0], [1, 2, 3, 0]]
-    ids, att = verl_F.postprocess_data(torch.tensor([[1, 2, 3, 4, 5]]), torch.ones(1, 5, dtype=torch.long), 3, 0, truncation="left")
+    ids, att = verl_F.postprocess_data(
+        torch.tensor([[1, 2, 3, 4, 5]]), torch.ones(1, 5, dtype=torch.long), 3, 0, truncation="left"
+    )
     assert ids.tolist() == [[3, 4, 5]] and att.tolist() == [[1, 1, 1]]
     with pytest.raises(ValueError, match="exceeds max_length"):
         verl_F.postprocess_data(torch.tensor([[1, 2, 3]]), torch.ones(1, 3), 2, 0)
@@ -212,7 +214,12 @@ def test_padding_unpad_and_nested_helpers():
     indices, cu, longest = verl_F.get_unpad_data(mask)
     assert indices.tolist() == [1, 2, 3, 4, 5] and cu.tolist() == [0, 2, 5] and cu.dtype == torch.int32 and longest == 3
     stacked = verl_F.pad_and_stack([torch.ones(3, 5), torch.full((2, 8), 2.0)], pad_value=-1)
-    assert stacked.shape == (2, 3, 8) and stacked[0, 0, 5].item() == -1 and stacked[1, 2, 0].item() == -1 and stacked[1, 1, 7].item() == 2
+    assert (
+        stacked.shape == (2, 3, 8)
+        and stacked[0, 0, 5].item() == -1
+        and stacked[1, 2, 0].item() == -1
+        and stacked[1, 1, 7].item() == 2
+    )
     assert verl_F.pad_along_dim(torch.ones(2, 3), 5, pad_value=7, dim=1)[:, 3:].tolist() == [[7, 7], [7, 7]]
     with pytest.raises(ValueError, match="exceeds target length"):
         verl_F.pad_along_dim(torch.ones(2, 3), 2)

@@ -10,10 +10,17 @@ from verl.utils.tracking import Tracking, format_console_line
 
 
 def test_console_line_is_compact_and_ordered():
-    line = format_console_line(7, {
-        "critic/score/mean": 0.41234, "val-core/toy/reward/mean@1": 0.5, "val-aux/toy/reward/std@1": 0.1,
-        "actor/pg_loss": -0.00012, "perf/time_per_step": 3.21, "unrelated/key": 1.0,
-    })
+    line = format_console_line(
+        7,
+        {
+            "critic/score/mean": 0.41234,
+            "val-core/toy/reward/mean@1": 0.5,
+            "val-aux/toy/reward/std@1": 0.1,
+            "actor/pg_loss": -0.00012,
+            "perf/time_per_step": 3.21,
+            "unrelated/key": 1.0,
+        },
+    )
     assert line == "step 7 | score 0.4123 | val toy/reward/mean@1 0.5 | pg_loss -1.200e-04 | s/step 3.21"
 
 
@@ -83,4 +90,6 @@ def test_file_logger_knows_its_steps_syncs_and_cuts_a_partial_last_line(tmp_path
     tr.log({"a": 3.0}, step=3)
     tr.finish()
     assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [1, 2, 3]
-    assert Tracking("p", "e", ["console"], log_dir=str(tmp_path), console_write=lambda s: None).has_logged_step(1) is None
+    assert (
+        Tracking("p", "e", ["console"], log_dir=str(tmp_path), console_write=lambda s: None).has_logged_step(1) is None
+    )

@@ -27,6 +27,7 @@ def writer(roles=("actor", "critic"), fail_after=None):
             os.makedirs(os.path.join(tmp, role))
             open(os.path.join(tmp, role, "model.pt"), "w").write(role)
         open(os.path.join(tmp, TRAINER_STATE_FILE), "w").write("state")
+
     return write
 
 
@@ -84,7 +85,12 @@ def test_prune_keeps_newest_per_role(tmp_path):
     assert have[2] == ["critic", MANIFEST_FILE, TRAINER_STATE_FILE]
     assert 1 not in have  # no model part left: the directory is gone
     prune_checkpoints(root, 1, None)
-    assert sorted(os.listdir(os.path.join(root, "global_step_4"))) == ["actor", "critic", MANIFEST_FILE, TRAINER_STATE_FILE]
+    assert sorted(os.listdir(os.path.join(root, "global_step_4"))) == [
+        "actor",
+        "critic",
+        MANIFEST_FILE,
+        TRAINER_STATE_FILE,
+    ]
 
 
 def test_step_of_rejects_other_names():
@@ -101,7 +107,12 @@ def test_prune_never_removes_the_checkpoint_just_saved(tmp_path):
     save_checkpoint_atomically(root, 4, writer())
     prune_checkpoints(root, 1, 1, newest_step=4)
     assert find_latest_ckpt_path(root).endswith("global_step_4")
-    assert sorted(os.listdir(os.path.join(root, "global_step_4"))) == ["actor", "critic", MANIFEST_FILE, TRAINER_STATE_FILE]
+    assert sorted(os.listdir(os.path.join(root, "global_step_4"))) == [
+        "actor",
+        "critic",
+        MANIFEST_FILE,
+        TRAINER_STATE_FILE,
+    ]
     assert [s for s, _ in list_checkpoints(root)] == [4, 6]  # 2 pruned; the later 6 is left alone
 
 

@@ -23,12 +23,14 @@ from verl.trainer.ppo.utils import validate_config
 
 
 def kl_batch():
-    return DataProto.from_dict(tensors={
-        "old_log_probs": torch.tensor([[-1.0, -1.0, 0.0], [-2.0, -1.0, -1.0]]),
-        "ref_log_prob": torch.tensor([[-1.5, -1.0, 0.0], [-2.0, -2.0, -1.0]]),
-        "response_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),
-        "token_level_scores": torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]]),
-    })
+    return DataProto.from_dict(
+        tensors={
+            "old_log_probs": torch.tensor([[-1.0, -1.0, 0.0], [-2.0, -1.0, -1.0]]),
+            "ref_log_prob": torch.tensor([[-1.5, -1.0, 0.0], [-2.0, -2.0, -1.0]]),
+            "response_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),
+            "token_level_scores": torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]]),
+        }
+    )
 
 
 def test_apply_kl_penalty_fixed_and_adaptive():
@@ -71,14 +73,22 @@ def test_compute_advantage_forwards_step_end_mask_for_process_supervision():
     ends = torch.tensor([[0, 1, 1, 0, 1], [0, 1, 0, 0, 0]], dtype=torch.bool)
     mask = torch.ones(2, 5)
     uid = np.array(["g", "g"], dtype=object)
-    with_mask = compute_advantage(DataProto.from_dict(
-        tensors={"token_level_rewards": rewards, "response_mask": mask, "step_end_mask": ends}, non_tensors={"uid": uid}),
-        "grpo_process", norm_adv_by_std_in_grpo=False)
-    without = compute_advantage(DataProto.from_dict(
-        tensors={"token_level_rewards": rewards, "response_mask": mask}, non_tensors={"uid": uid}),
-        "grpo_process", norm_adv_by_std_in_grpo=False)
+    with_mask = compute_advantage(
+        DataProto.from_dict(
+            tensors={"token_level_rewards": rewards, "response_mask": mask, "step_end_mask": ends},
+            non_tensors={"uid": uid},
+        ),
+        "grpo_process",
+        norm_adv_by_std_in_grpo=False,
+    )
+    without = compute_advantage(
+        DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask}, non_tensors={"uid": uid}),
+        "grpo_process",
+        norm_adv_by_std_in_grpo=False,
+    )
     expected = core_algos.get_adv_estimator_fn("grpo_process")(
-        token_level_rewards=rewards, response_mask=mask, index=uid, step_end_mask=ends, norm_adv_by_std_in_grpo=False)[0]
+        token_level_rewards=rewards, response_mask=mask, index=uid, step_end_mask=ends, norm_adv_by_std_in_grpo=False
+    )[0]
     torch.testing.assert_close(with_mask.batch["advantages"], expected)
     # the zero-reward step counts in the group mean only when the mask says it is a step
     assert not torch.allclose(with_mask.batch["advantages"], without.batch["advantages"])
@@ -86,7 +96,9 @@ def test_compute_advantage_forwards_step_end_mask_for_process_supervision():
 
 def test_grpo_process_with_kl_in_reward_is_rejected():
     with pytest.raises(ValueError, match=r"grpo_process.*use_kl_in_reward=True"):
-        validate_config(load_default_config(["algorithm.adv_estimator=grpo_process", "algorithm.use_kl_in_reward=True"]))
+        validate_config(
+            load_default_config(["algorithm.adv_estimator=grpo_process", "algorithm.use_kl_in_reward=True"])
+        )
 
 
 def test_compute_advantage_gae_reference_numbers():
@@ -102,8 +114,12 @@ def test_compute_advantage_gae_reference_numbers():
     algo = validate_config(load_default_config([])).algorithm
     data = compute_advantage(data, "gae", gamma=0.9, lam=0.95, config=algo)
     raw = torch.tensor([2.160025, 0.655, 1.0, 0.945, -1.0])
-    torch.testing.assert_close(data.batch["returns"][data.batch["response_mask"].bool()],
-                               raw + torch.tensor([3.0, 4, 2, 2, 2]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        data.batch["returns"][data.batch["response_mask"].bool()],
+        raw + torch.tensor([3.0, 4, 2, 2, 2]),
+        atol=1e-5,
+        rtol=0,
+    )
     whitened = data.batch["advantages"][data.batch["response_mask"].bool()]
     assert whitened.mean().abs() < 1e-5 and data.batch["advantages"][1, 2] == 0
 
@@ -163,11 +179,20 @@ class StubGenTrainer(RayPPOTrainer):
 
 def prompts(n_batches, bs=2):
     for b in range(n_batches):
-        yield {"input_ids": torch.arange(bs * 3).view(bs, 3) + 100 * b, "data_source": np.array(["t"] * bs, dtype=object)}
+        yield {
+            "input_ids": torch.arange(bs * 3).view(bs, 3) + 100 * b,
+            "data_source": np.array(["t"] * bs, dtype=object),
+        }
 
 
-DAPO = ["algorithm.adv_estimator=grpo", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-        "actor_rollout_ref.rollout.n=2", "algorithm.filter_groups.enable=True", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
+DAPO = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+    "actor_rollout_ref.rollout.n=2",
+    "algorithm.filter_groups.enable=True",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+]
 
 
 def test_dynamic_sampling_keeps_generating_until_enough_groups():
@@ -190,14 +215,20 @@ def test_dynamic_sampling_cap_and_dynamic_batch():
     t = StubGenTrainer(DAPO + ["algorithm.filter_groups.keep_generating=False"], rounds=[[1, 1, 0, 0]])
     assert t.collect_batch(prompts(5), {}, {}) is None  # nothing to learn from: the step is skipped
     # with mini-batches of 2 prompts a single surviving group cannot fill one: skipped too
-    t = StubGenTrainer(DAPO + ["algorithm.filter_groups.keep_generating=False", "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
-                       rounds=[[1, 1, 0, 1]])
+    t = StubGenTrainer(
+        DAPO + ["algorithm.filter_groups.keep_generating=False", "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
+        rounds=[[1, 1, 0, 1]],
+    )
     assert t.collect_batch(prompts(5), {}, {}) is None
 
 
 def test_partial_batches_are_cut_to_whole_mini_batches():
     # 4 prompts per step, mini-batches of 2 prompts; one round keeps 3 groups -> 2 are trained
-    over = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "algorithm.filter_groups.keep_generating=False"]
+    over = [
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "algorithm.filter_groups.keep_generating=False",
+    ]
     t = StubGenTrainer(DAPO + over, rounds=[[0, 1, 0, 1, 1, 0, 1, 1]])
     batch = t.collect_batch(prompts(5, bs=4), {}, {})
     assert len(set(batch.non_tensor_batch["uid"])) == 2 and len(batch) == 4
@@ -218,8 +249,9 @@ class PromptWidthTrainer(StubGenTrainer):
 
             def generate_sequences(self, p):
                 resp = torch.full((len(p), 2), 5)
-                return assemble_rollout_output(p.batch["input_ids"], p.batch["attention_mask"], p.batch["position_ids"],
-                                               resp, None, [], 0)
+                return assemble_rollout_output(
+                    p.batch["input_ids"], p.batch["attention_mask"], p.batch["position_ids"], resp, None, [], 0
+                )
 
         self.actor_rollout_wg = FakeRollout()
 
@@ -227,8 +259,12 @@ class PromptWidthTrainer(StubGenTrainer):
 def left_padded_prompts(lengths_per_round, width=4):
     for lens in lengths_per_round:
         mask = torch.tensor([[0] * (width - n) + [1] * n for n in lens])
-        yield {"input_ids": mask * 7, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-               "data_source": np.array(["t"] * len(lens), dtype=object)}
+        yield {
+            "input_ids": mask * 7,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "data_source": np.array(["t"] * len(lens), dtype=object),
+        }
 
 
 def test_dynamic_sampling_concatenates_rounds_of_different_prompt_widths():
@@ -252,16 +288,18 @@ def step_batch():
     # 2 responses of width 4 (limit 4), prompts of width 3
     attn = torch.tensor([[0, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1]])
     rmask = attn[:, 3:].clone()
-    return DataProto.from_dict(tensors={
-        "responses": torch.ones(2, 4, dtype=torch.long),
-        "attention_mask": attn,
-        "response_mask": rmask,
-        "token_level_scores": torch.tensor([[0, 1.0, 0, 0], [0, 0, 0, 0.0]]),
-        "token_level_rewards": torch.tensor([[0, 0.5, 0, 0], [0, 0, 0, -0.5]]),
-        "advantages": torch.tensor([[1.0, 1.0, 1.0, 9], [-1, -1, -1, -1]]),
-        "returns": torch.tensor([[1.0, 1.0, 0, 0], [0, 0, 0, 0]]),
-        "values": torch.tensor([[0.5, 0.5, 0, 0], [0, 0, 0, 0]]),
-    })
+    return DataProto.from_dict(
+        tensors={
+            "responses": torch.ones(2, 4, dtype=torch.long),
+            "attention_mask": attn,
+            "response_mask": rmask,
+            "token_level_scores": torch.tensor([[0, 1.0, 0, 0], [0, 0, 0, 0.0]]),
+            "token_level_rewards": torch.tensor([[0, 0.5, 0, 0], [0, 0, 0, -0.5]]),
+            "advantages": torch.tensor([[1.0, 1.0, 1.0, 9], [-1, -1, -1, -1]]),
+            "returns": torch.tensor([[1.0, 1.0, 0, 0], [0, 0, 0, 0]]),
+            "values": torch.tensor([[0.5, 0.5, 0, 0], [0, 0, 0, 0]]),
+        }
+    )
 
 
 def test_compute_data_metrics_numbers():
@@ -341,7 +379,9 @@ def test_validation_metrics_match_the_per_prompt_bootstrap():
     uids = [u for u, n in enumerate(sizes) for _ in range(n)]
     reward = rng.random(len(uids)).round(2).tolist()
     pred = rng.integers(0, 4, len(uids)).tolist()
-    out = process_validation_metrics(["d"] * len(uids), uids, {"reward": reward, "pred": pred}, n_bootstrap=200)["d"]["reward"]
+    out = process_validation_metrics(["d"] * len(uids), uids, {"reward": reward, "pred": pred}, n_bootstrap=200)["d"][
+        "reward"
+    ]
 
     expected: dict[str, list[float]] = {}
     for u, n in enumerate(sizes):
@@ -352,7 +392,12 @@ def test_validation_metrics_match_the_per_prompt_bootstrap():
             (best, _), (worst, _) = bootstrap_metric(vals, k, [np.max, np.min], n_bootstrap=200)
             samples = [{"pred": pred[i], "val": reward[i]} for i in rows]
             [(maj, maj_std)] = bootstrap_metric(samples, k, [lambda d: calc_maj_val(d, "pred", "val")], n_bootstrap=200)
-            for name, v in ((f"best@{k}/mean", best), (f"worst@{k}/mean", worst), (f"maj@{k}/mean", maj), (f"maj@{k}/std", maj_std)):
+            for name, v in (
+                (f"best@{k}/mean", best),
+                (f"worst@{k}/mean", worst),
+                (f"maj@{k}/mean", maj),
+                (f"maj@{k}/std", maj_std),
+            ):
                 expected.setdefault(name, []).append(v)
     assert "maj@4/mean" in out and "best@5/mean" in out and "mean@1" in out
     for name, vs in expected.items():
@@ -366,8 +411,10 @@ def test_reward_extra_info_columns_hold_one_object_per_row():
     t.use_rm = False
 
     def batch_with_steps(steps):
-        t.reward_fn = lambda data, return_dict: {"reward_tensor": torch.zeros(len(data), 2),
-                                                  "reward_extra_info": {"steps": steps, "acc": [1.0] * len(data)}}
+        t.reward_fn = lambda data, return_dict: {
+            "reward_tensor": torch.zeros(len(data), 2),
+            "reward_extra_info": {"steps": steps, "acc": [1.0] * len(data)},
+        }
         b = DataProto.from_dict(tensors={"responses": torch.zeros(len(steps), 2)})
         return RayPPOTrainer.compute_reward(t, b, {}, {})
 
@@ -388,10 +435,13 @@ def test_remax_baseline_is_scored_by_the_reward_model_when_there_is_one():
 
     t.rm_wg = FakeRM()
     t.reward_fn = lambda data, return_dict: {
-        "reward_tensor": data.batch["rm_scores"] if "rm_scores" in data.batch.keys() else torch.zeros(len(data), 2)}
+        "reward_tensor": data.batch["rm_scores"] if "rm_scores" in data.batch.keys() else torch.zeros(len(data), 2)
+    }
     gen_in = DataProto.from_single_dict(next(left_padded_prompts([[2, 2, 3, 3]])))
     gen_in.non_tensor_batch.pop("data_source")
-    batch = DataProto.from_dict(tensors={"x": torch.zeros(4)}, non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)})
+    batch = DataProto.from_dict(
+        tensors={"x": torch.zeros(4)}, non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)}
+    )
     out = RayPPOTrainer._remax_baseline(t, batch, gen_in)
     assert out.batch["reward_baselines"].tolist() == [1.0] * 4  # 0.5 on each of the 2 response tokens
 
@@ -400,8 +450,16 @@ class FitStub(RayPPOTrainer):
     """The real `fit()` with checkpoint loading, validation and batch collection scripted."""
 
     def __init__(self, tmp_path, overrides, resumed_step=0):
-        self.config = load_default_config(["trainer.logger=[file]", f"trainer.log_dir={tmp_path}", "trainer.plot=False",
-                                           "trainer.peak_flops_per_worker=1e9", "trainer.total_training_steps=3"] + overrides)
+        self.config = load_default_config(
+            [
+                "trainer.logger=[file]",
+                f"trainer.log_dir={tmp_path}",
+                "trainer.plot=False",
+                "trainer.peak_flops_per_worker=1e9",
+                "trainer.total_training_steps=3",
+            ]
+            + overrides
+        )
         self.cfg = validate_config(self.config)
         self.callbacks, self.global_steps, self.epoch, self.total_training_steps = [], 0, 0, 3
         self.val_reward_fn, self.device_name, self.resumed_step, self.trained = object(), "cpu", resumed_step, 0
@@ -456,8 +514,11 @@ def test_compute_advantage_reinforce_pp_uses_config_gamma_not_the_default():
 
     # reward 1 on the last of 3 tokens, config gamma 0.5: returns (0.25, 0.5, 1) (the default
     # argument gamma=1.0 would give (1, 1, 1))
-    data = compute_advantage(_adv_batch([[0.0, 0.0, 1.0]], ["a"]), "reinforce_plus_plus",
-                             config=AlgoConfig(adv_estimator="reinforce_plus_plus", gamma=0.5))
+    data = compute_advantage(
+        _adv_batch([[0.0, 0.0, 1.0]], ["a"]),
+        "reinforce_plus_plus",
+        config=AlgoConfig(adv_estimator="reinforce_plus_plus", gamma=0.5),
+    )
     torch.testing.assert_close(data.batch["returns"], torch.tensor([[0.25, 0.5, 1.0]]))
     # without a config the explicit argument is used
     data = compute_advantage(_adv_batch([[0.0, 0.0, 1.0]], ["a"]), "reinforce_plus_plus", gamma=0.5)
@@ -470,15 +531,26 @@ def test_compute_advantage_grpo_passk_uses_config_norm_flag_not_the_default():
     # group rewards (1, 0.25): the best gets r_max - r_second = 0.75; divided by the unbiased std
     # 0.530330 only when normalising (1.414211)
     uids = ["g", "g"]
-    off = compute_advantage(_adv_batch([[1.0], [0.25]], uids), "grpo_passk",
-                            config=AlgoConfig(adv_estimator="grpo_passk", norm_adv_by_std_in_grpo=False))
+    off = compute_advantage(
+        _adv_batch([[1.0], [0.25]], uids),
+        "grpo_passk",
+        config=AlgoConfig(adv_estimator="grpo_passk", norm_adv_by_std_in_grpo=False),
+    )
     torch.testing.assert_close(off.batch["advantages"], torch.tensor([[0.75], [0.0]]))
-    on = compute_advantage(_adv_batch([[1.0], [0.25]], uids), "grpo_passk", norm_adv_by_std_in_grpo=False,
-                           config=AlgoConfig(adv_estimator="grpo_passk", norm_adv_by_std_in_grpo=True))
+    on = compute_advantage(
+        _adv_batch([[1.0], [0.25]], uids),
+        "grpo_passk",
+        norm_adv_by_std_in_grpo=False,
+        config=AlgoConfig(adv_estimator="grpo_passk", norm_adv_by_std_in_grpo=True),
+    )
     assert on.batch["advantages"][0, 0].item() == pytest.approx(0.75 / (0.530330 + 1e-6), abs=1e-5)
     # grpo itself takes the explicit argument (upstream's precedence)
-    grpo = compute_advantage(_adv_batch([[1.0], [0.25]], uids), "grpo", norm_adv_by_std_in_grpo=False,
-                             config=AlgoConfig(norm_adv_by_std_in_grpo=True))
+    grpo = compute_advantage(
+        _adv_batch([[1.0], [0.25]], uids),
+        "grpo",
+        norm_adv_by_std_in_grpo=False,
+        config=AlgoConfig(norm_adv_by_std_in_grpo=True),
+    )
     torch.testing.assert_close(grpo.batch["advantages"], torch.tensor([[0.375], [-0.375]]))
 
 
@@ -522,9 +594,13 @@ def test_variance_proxy_metrics_numbers():
     assert m["variance_proxy/proxy2_total_power"] == pytest.approx(2.5)
     assert m["variance_proxy/proxy1_signal_strength"] == pytest.approx(1.0)
     assert m["variance_proxy/proxy3_pure_noise"] == pytest.approx(1.5)
-    assert m["variance_proxy/expected_a_squared"] == pytest.approx(2.5) and m["variance_proxy/expected_w"] == pytest.approx(1.0)
+    assert m["variance_proxy/expected_a_squared"] == pytest.approx(2.5) and m[
+        "variance_proxy/expected_w"
+    ] == pytest.approx(1.0)
     # IS weights (2, 1) per response: proxy2 = mean(4 * 1 * 1, 1 * 4 * 1) = 4; W scaled by w^2: mean(4, 1)
-    m = compute_variance_proxy_metrics(DataProto.from_dict(tensors=dict(tensors, rollout_is_weights=torch.tensor([[2.0, 2.0], [1.0, 1.0]]))))
+    m = compute_variance_proxy_metrics(
+        DataProto.from_dict(tensors=dict(tensors, rollout_is_weights=torch.tensor([[2.0, 2.0], [1.0, 1.0]])))
+    )
     assert m["variance_proxy/proxy2_total_power"] == pytest.approx(4.0)
     assert m["variance_proxy/expected_w"] == pytest.approx(2.5) and m["variance_proxy/proxy3_pure_noise"] == 0.0
     tensors.pop("sum_pi_squared")
@@ -535,8 +611,13 @@ def test_data_metrics_report_aborted_responses_and_turns():
     attn = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
     rmask = attn[:, 2:]
     data = DataProto.from_dict(
-        tensors={"responses": torch.zeros(3, 2, dtype=torch.long), "attention_mask": attn, "response_mask": rmask,
-                 "token_level_scores": torch.zeros(3, 2), "token_level_rewards": torch.zeros(3, 2)},
+        tensors={
+            "responses": torch.zeros(3, 2, dtype=torch.long),
+            "attention_mask": attn,
+            "response_mask": rmask,
+            "token_level_scores": torch.zeros(3, 2),
+            "token_level_rewards": torch.zeros(3, 2),
+        },
         non_tensors={"__num_turns__": np.array([1, 3, 2]), "tool_call_counts": np.array([0, 2, 1])},
     )
     m = compute_data_metrics(data, use_critic=False, max_response_length=2)
@@ -556,7 +637,9 @@ def test_bypass_mode_uses_rollout_log_probs_as_old_and_turns_the_shortcut_off():
     rc = SimpleNamespace(bypass_mode=True, rollout_rs=None, rollout_is="token")
     cfg = SimpleNamespace(
         algorithm=SimpleNamespace(rollout_correction=rc, use_kl_in_reward=False),
-        actor=SimpleNamespace(ppo_mini_batch_size=4, ppo_epochs=1), data=SimpleNamespace(train_batch_size=4))
+        actor=SimpleNamespace(ppo_mini_batch_size=4, ppo_epochs=1),
+        data=SimpleNamespace(train_batch_size=4),
+    )
     fake = SimpleNamespace(cfg=cfg)
     fake.bypass_mode = lambda: RayPPOTrainer.bypass_mode(fake)
     roll = torch.tensor([[-1.0, -2.0]])

@@ -18,8 +18,16 @@ import pytest
 _LOSS = ["old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config", "rollout_is_weights"]
 _GRPO = ["token_level_rewards", "response_mask", "index", "epsilon", "norm_adv_by_std_in_grpo", "config"]
 _GROUP = ["token_level_rewards", "response_mask", "index", "epsilon", "config"]
-_OTB = ["token_level_rewards", "response_mask", "index", "old_log_probs", "sum_pi_squared", "rollout_is_weights",
-        "handle_zero_tail", "epsilon"]
+_OTB = [
+    "token_level_rewards",
+    "response_mask",
+    "index",
+    "old_log_probs",
+    "sum_pi_squared",
+    "rollout_is_weights",
+    "handle_zero_tail",
+    "epsilon",
+]
 
 UPSTREAM: dict[str, dict[str, list[str] | None]] = {
     "verl.trainer.ppo.core_algos": {
@@ -44,20 +52,70 @@ UPSTREAM: dict[str, dict[str, list[str] | None]] = {
         "compute_opo_outcome_advantage": _GROUP,
         "compute_reinforce_plus_plus_outcome_advantage": ["token_level_rewards", "response_mask", "config"],
         "compute_remax_outcome_advantage": ["token_level_rewards", "reward_baselines", "response_mask", "config"],
-        "compute_gpg_outcome_advantage": ["token_level_rewards", "response_mask", "index", "epsilon", "f_norm", "alpha", "config"],
+        "compute_gpg_outcome_advantage": [
+            "token_level_rewards",
+            "response_mask",
+            "index",
+            "epsilon",
+            "f_norm",
+            "alpha",
+            "config",
+        ],
         "compute_rloo_vectorized_outcome_advantage": _GROUP,
         "compute_optimal_token_baseline_advantage": _OTB,
         "compute_multi_turn_optimal_token_baseline_advantage": _OTB,
         "compute_rewards": ["token_level_scores", "old_log_prob", "ref_log_prob", "kl_ratio"],
-        "agg_loss": ["loss_mat", "loss_mask", "loss_agg_mode", "dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor"],
-        "compute_policy_loss": ["old_log_prob", "log_prob", "advantages", "response_mask", "cliprange", "cliprange_low",
-                                "cliprange_high", "clip_ratio_c", "loss_agg_mode"],
-        **{f"compute_policy_loss_{n}": _LOSS for n in
-           ("vanilla", "up", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "bypass_mode")},
+        "agg_loss": [
+            "loss_mat",
+            "loss_mask",
+            "loss_agg_mode",
+            "dp_size",
+            "batch_num_tokens",
+            "global_batch_size",
+            "loss_scale_factor",
+        ],
+        "compute_policy_loss": [
+            "old_log_prob",
+            "log_prob",
+            "advantages",
+            "response_mask",
+            "cliprange",
+            "cliprange_low",
+            "cliprange_high",
+            "clip_ratio_c",
+            "loss_agg_mode",
+        ],
+        **{
+            f"compute_policy_loss_{n}": _LOSS
+            for n in (
+                "vanilla",
+                "up",
+                "dppo_tv",
+                "dppo_kl",
+                "gspo",
+                "sapo",
+                "gpg",
+                "clip_cov",
+                "kl_cov",
+                "geo_mean",
+                "cispo",
+                "bypass_mode",
+            )
+        },
         "compute_policy_loss_reinforce": ["rollout_log_prob"] + _LOSS[1:],
         "compute_entropy_loss": ["logits", "response_mask", "loss_agg_mode"],
-        "compute_value_loss": ["vpreds", "returns", "values", "response_mask", "cliprange_value", "loss_agg_mode",
-                               "dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor"],
+        "compute_value_loss": [
+            "vpreds",
+            "returns",
+            "values",
+            "response_mask",
+            "cliprange_value",
+            "loss_agg_mode",
+            "dp_size",
+            "batch_num_tokens",
+            "global_batch_size",
+            "loss_scale_factor",
+        ],
         "kl_penalty": ["logprob", "ref_logprob", "kl_penalty"],
         "kl_penalty_forward": ["logprob", "ref_logprob", "kl_penalty"],
         "compute_pf_ppo_reweight_data": ["data", "reweight_method", "weight_pow"],
@@ -67,18 +125,51 @@ UPSTREAM: dict[str, dict[str, list[str] | None]] = {
         "SUPPORTED_ROLLOUT_RS_OPTIONS": None,
         "TOKEN_LEVEL_ROLLOUT_RS_OPTIONS": None,
         "compute_binary_kl_divergence": ["log_p", "log_q", "eps"],
-        "compute_rollout_rejection_mask": ["log_ratio", "response_mask", "rollout_rs", "rollout_rs_threshold",
-                                           "old_log_prob", "rollout_log_prob"],
-        "compute_rs_metrics": ["option_name", "rs_statistic", "response_mask", "seq_valid_mask", "level",
-                               "per_sequence_values", "rollout_rs_threshold", "rollout_rs_threshold_lower",
-                               "apply_lower_threshold"],
-        "compute_rollout_correction_weights": ["log_ratio", "response_mask", "rollout_is", "rollout_is_threshold",
-                                               "rollout_is_batch_normalize"],
-        "compute_is_metrics": ["rollout_is_weights", "raw_rollout_is_weights", "log_ratio_for_metrics", "response_mask",
-                               "rollout_is", "rollout_is_threshold", "rollout_is_threshold_lower"],
-        "compute_rollout_correction_and_rejection_mask": ["old_log_prob", "rollout_log_prob", "response_mask", "rollout_is",
-                                                          "rollout_is_threshold", "rollout_is_batch_normalize",
-                                                          "rollout_rs", "rollout_rs_threshold"],
+        "compute_rollout_rejection_mask": [
+            "log_ratio",
+            "response_mask",
+            "rollout_rs",
+            "rollout_rs_threshold",
+            "old_log_prob",
+            "rollout_log_prob",
+        ],
+        "compute_rs_metrics": [
+            "option_name",
+            "rs_statistic",
+            "response_mask",
+            "seq_valid_mask",
+            "level",
+            "per_sequence_values",
+            "rollout_rs_threshold",
+            "rollout_rs_threshold_lower",
+            "apply_lower_threshold",
+        ],
+        "compute_rollout_correction_weights": [
+            "log_ratio",
+            "response_mask",
+            "rollout_is",
+            "rollout_is_threshold",
+            "rollout_is_batch_normalize",
+        ],
+        "compute_is_metrics": [
+            "rollout_is_weights",
+            "raw_rollout_is_weights",
+            "log_ratio_for_metrics",
+            "response_mask",
+            "rollout_is",
+            "rollout_is_threshold",
+            "rollout_is_threshold_lower",
+        ],
+        "compute_rollout_correction_and_rejection_mask": [
+            "old_log_prob",
+            "rollout_log_prob",
+            "response_mask",
+            "rollout_is",
+            "rollout_is_threshold",
+            "rollout_is_batch_normalize",
+            "rollout_rs",
+            "rollout_rs_threshold",
+        ],
         "compute_offpolicy_metrics": ["old_log_prob", "rollout_log_prob", "response_mask"],
         "compute_rollout_correction_and_add_to_batch": ["batch", "rollout_corr_config"],
         "compute_rollout_corr_metrics_from_logprobs": ["log_prob", "rollout_log_prob", "response_mask"],
@@ -96,7 +187,15 @@ UPSTREAM: dict[str, dict[str, list[str] | None]] = {
     },
     # the module-level algorithm helpers of the trainer module (the trainer class is not listed)
     "verl.trainer.ppo.ray_trainer": {
-        "compute_advantage": ["data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config"],
+        "compute_advantage": [
+            "data",
+            "adv_estimator",
+            "gamma",
+            "lam",
+            "num_repeat",
+            "norm_adv_by_std_in_grpo",
+            "config",
+        ],
         "apply_kl_penalty": ["data", "kl_ctrl", "kl_penalty"],
         "compute_response_mask": ["data"],
     },
@@ -105,9 +204,22 @@ UPSTREAM: dict[str, dict[str, list[str] | None]] = {
 # upstream's keyword-only parameters (after `*`)
 KEYWORD_ONLY = {("verl.trainer.ppo.rollout_corr_helper", "compute_rs_metrics"): 4}
 
-UPSTREAM_ESTIMATORS = ["GAE", "GRPO", "REINFORCE_PLUS_PLUS", "REINFORCE_PLUS_PLUS_BASELINE", "REMAX", "RLOO", "OPO",
-                       "GRPO_PASSK", "GPG", "RLOO_VECTORIZED", "GRPO_VECTORIZED", "OPTIMAL_TOKEN_BASELINE",
-                       "TIR_OPTIMAL_TOKEN_BASELINE", "GDPO"]
+UPSTREAM_ESTIMATORS = [
+    "GAE",
+    "GRPO",
+    "REINFORCE_PLUS_PLUS",
+    "REINFORCE_PLUS_PLUS_BASELINE",
+    "REMAX",
+    "RLOO",
+    "OPO",
+    "GRPO_PASSK",
+    "GPG",
+    "RLOO_VECTORIZED",
+    "GRPO_VECTORIZED",
+    "OPTIMAL_TOKEN_BASELINE",
+    "TIR_OPTIMAL_TOKEN_BASELINE",
+    "GDPO",
+]
 
 
 def signature_problem(module_name: str, name: str, expected: list[str] | None) -> str | None:
@@ -127,15 +239,21 @@ def signature_problem(module_name: str, name: str, expected: list[str] | None) -
     n_positional = KEYWORD_ONLY.get((module_name, name), len(expected))
     names = [p.name for p in params]
     for i, want in enumerate(expected[:n_positional]):
-        if i >= len(params) or params[i].name != want or params[i].kind not in (
-                inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY):
+        if (
+            i >= len(params)
+            or params[i].name != want
+            or params[i].kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
+        ):
             return f"position {i}: expected {want!r}, have {names}"
     has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
     for want in expected[n_positional:]:
         if want not in names and not has_var_kw:
             return f"keyword {want!r} missing, have {names}"
-    for p in params[len(expected):]:
-        if p.default is inspect.Parameter.empty and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+    for p in params[len(expected) :]:
+        if p.default is inspect.Parameter.empty and p.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        ):
             return f"extra required parameter {p.name!r}"
     return None
 
@@ -170,7 +288,10 @@ def test_upstream_defaults_of_the_aggregation_sensitive_losses():
 
 def counts() -> dict[str, tuple[int, int]]:
     """module -> (compatible upstream names here, upstream names)."""
-    return {m: (sum(signature_problem(m, n, sig) is None for n, sig in names.items()), len(names)) for m, names in UPSTREAM.items()}
+    return {
+        m: (sum(signature_problem(m, n, sig) is None for n, sig in names.items()), len(names))
+        for m, names in UPSTREAM.items()
+    }
 
 
 if __name__ == "__main__":

@@ -134,22 +134,49 @@ _BASE = """algorithm.adv_estimator=grpo data.train_files=$TRAIN data.val_files=$
 CORPUS: tuple[Invocation, ...] = (
     inv("grpo_trainer/run_qwen3_8b_fsdp.sh", "GRPO FSDP", GRPO_QWEN3_8B),
     inv("grpo_trainer/run_qwen2-7b.sh (2024)", "GRPO FSDP", GRPO_2024),
-    inv("grpo_trainer/run_qwen2-7b_seq_balance.sh", "GRPO FSDP", GRPO_2024.replace(
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40", "actor_rollout_ref.actor.use_dynamic_bsz=True "
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000")),
-    inv("grpo_trainer/run_qwen3_8b_fsdp.sh MACHINE=gb200", "GRPO FSDP", GRPO_QWEN3_8B + " actor_rollout_ref.rollout.enforce_eager=True "
-        "actor_rollout_ref.rollout.free_cache_engine=True actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16 +ray_kwargs.ray_init.num_gpus=4"),
-    inv("grpo_trainer (uv runtime_env)", "GRPO FSDP", GRPO_QWEN3_8B + " +ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM=true"),
-    inv("grpo_trainer (old micro-batch spelling)", "GRPO FSDP", GRPO_2024.replace(
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40", "actor_rollout_ref.actor.ppo_micro_batch_size=320")),
+    inv(
+        "grpo_trainer/run_qwen2-7b_seq_balance.sh",
+        "GRPO FSDP",
+        GRPO_2024.replace(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
+            "actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000",
+        ),
+    ),
+    inv(
+        "grpo_trainer/run_qwen3_8b_fsdp.sh MACHINE=gb200",
+        "GRPO FSDP",
+        GRPO_QWEN3_8B + " actor_rollout_ref.rollout.enforce_eager=True "
+        "actor_rollout_ref.rollout.free_cache_engine=True actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16 +ray_kwargs.ray_init.num_gpus=4",
+    ),
+    inv(
+        "grpo_trainer (uv runtime_env)",
+        "GRPO FSDP",
+        GRPO_QWEN3_8B + " +ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM=true",
+    ),
+    inv(
+        "grpo_trainer (old micro-batch spelling)",
+        "GRPO FSDP",
+        GRPO_2024.replace(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=320",
+        ),
+    ),
     inv("grpo_trainer (+model.torch_dtype)", "GRPO FSDP", GRPO_2024 + " +actor_rollout_ref.model.torch_dtype=bfloat16"),
     inv("ppo_trainer/run_qwen3_8b_vllm_fsdp.sh", "PPO FSDP", PPO_QWEN3_8B),
     inv("ppo_trainer/run_deepseek7b_llm.sh (2024)", "PPO FSDP", PPO_2024),
     inv("ppo_trainer/run_qwen2-7b_rm_seq_balance.sh", "PPO + reward model", RM_SEQ_BALANCE),
     inv("ppo_trainer/run_qwen2.5-3b_rm_reward_loop_colocate.sh", "PPO + reward model", REWARD_LOOP_COLOCATE),
-    inv("ppo_trainer/run_qwen2-7b_rm_seq_balance_fused_kernels.sh", "PPO FSDP", RM_SEQ_BALANCE
-        + " actor_rollout_ref.model.use_fused_kernels=True actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"),
-    inv("dapo (recipe)", "algorithms", _BASE + """data.gen_batch_size=1536 algorithm.filter_groups.enable=True
+    inv(
+        "ppo_trainer/run_qwen2-7b_rm_seq_balance_fused_kernels.sh",
+        "PPO FSDP",
+        RM_SEQ_BALANCE
+        + " actor_rollout_ref.model.use_fused_kernels=True actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+    ),
+    inv(
+        "dapo (recipe)",
+        "algorithms",
+        _BASE
+        + """data.gen_batch_size=1536 algorithm.filter_groups.enable=True
         algorithm.filter_groups.metric=acc algorithm.filter_groups.max_num_gen_batches=10 actor_rollout_ref.actor.clip_ratio_low=0.2
         actor_rollout_ref.actor.clip_ratio_high=0.28 actor_rollout_ref.actor.clip_ratio_c=10.0 actor_rollout_ref.actor.loss_agg_mode=token-mean
         reward_model.reward_manager=dapo +reward_model.reward_kwargs.overlong_buffer_cfg.enable=True
@@ -157,69 +184,173 @@ CORPUS: tuple[Invocation, ...] = (
         +reward_model.reward_kwargs.overlong_buffer_cfg.log=False +reward_model.reward_kwargs.max_resp_len=4096
         actor_rollout_ref.rollout.val_kwargs.top_k=-1 actor_rollout_ref.rollout.val_kwargs.top_p=0.7
         actor_rollout_ref.rollout.val_kwargs.temperature=1.0 actor_rollout_ref.rollout.val_kwargs.n=1
-        actor_rollout_ref.rollout.val_kwargs.do_sample=True actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"""),
-    inv("dapo (reward.* spelling)", "algorithms", _BASE + "algorithm.filter_groups.enable=True algorithm.filter_groups.metric=acc "
-        "reward.reward_manager.name=dapo"),
-    inv("gspo_trainer", "algorithms", _BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=gspo "
+        actor_rollout_ref.rollout.val_kwargs.do_sample=True actor_rollout_ref.actor.ulysses_sequence_parallel_size=1""",
+    ),
+    inv(
+        "dapo (reward.* spelling)",
+        "algorithms",
+        _BASE + "algorithm.filter_groups.enable=True algorithm.filter_groups.metric=acc "
+        "reward.reward_manager.name=dapo",
+    ),
+    inv(
+        "gspo_trainer",
+        "algorithms",
+        _BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=gspo "
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean actor_rollout_ref.actor.clip_ratio_low=0.0003 "
-        "actor_rollout_ref.actor.clip_ratio_high=0.0004"),
-    inv("sapo_trainer/run_qwen3_8b_fsdp.sh", "algorithms", _BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=sapo "
-        "+actor_rollout_ref.actor.policy_loss.tau_pos=1.0 +actor_rollout_ref.actor.policy_loss.tau_neg=1.05 actor_rollout_ref.actor.strategy=fsdp2"),
-    inv("sapo (actor-level tau)", "algorithms", _BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=sapo "
-        "actor_rollout_ref.actor.tau_pos=1.0 actor_rollout_ref.actor.tau_neg=1.05"),
-    inv("cispo", "algorithms", _BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=cispo "
-        "actor_rollout_ref.actor.clip_ratio_low=10 actor_rollout_ref.actor.clip_ratio_high=0.2"),
-    inv("gpg_trainer", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=gpg") + "actor_rollout_ref.actor.policy_loss.loss_mode=gpg"),
+        "actor_rollout_ref.actor.clip_ratio_high=0.0004",
+    ),
+    inv(
+        "sapo_trainer/run_qwen3_8b_fsdp.sh",
+        "algorithms",
+        _BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=sapo "
+        "+actor_rollout_ref.actor.policy_loss.tau_pos=1.0 +actor_rollout_ref.actor.policy_loss.tau_neg=1.05 actor_rollout_ref.actor.strategy=fsdp2",
+    ),
+    inv(
+        "sapo (actor-level tau)",
+        "algorithms",
+        _BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=sapo "
+        "actor_rollout_ref.actor.tau_pos=1.0 actor_rollout_ref.actor.tau_neg=1.05",
+    ),
+    inv(
+        "cispo",
+        "algorithms",
+        _BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=cispo "
+        "actor_rollout_ref.actor.clip_ratio_low=10 actor_rollout_ref.actor.clip_ratio_high=0.2",
+    ),
+    inv(
+        "gpg_trainer",
+        "algorithms",
+        _BASE.replace("adv_estimator=grpo", "adv_estimator=gpg") + "actor_rollout_ref.actor.policy_loss.loss_mode=gpg",
+    ),
     inv("rloo_trainer", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=rloo")),
     inv("remax_trainer", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=remax")),
-    inv("reinforce_plus_plus_trainer", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=reinforce_plus_plus")),
+    inv(
+        "reinforce_plus_plus_trainer",
+        "algorithms",
+        _BASE.replace("adv_estimator=grpo", "adv_estimator=reinforce_plus_plus"),
+    ),
     inv("gdpo_trainer", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=gdpo")),
-    inv("otb (optimal_token_baseline)", "algorithms", _BASE.replace("adv_estimator=grpo", "adv_estimator=optimal_token_baseline")
+    inv(
+        "otb (optimal_token_baseline)",
+        "algorithms",
+        _BASE.replace("adv_estimator=grpo", "adv_estimator=optimal_token_baseline")
         + " actor_rollout_ref.actor.calculate_sum_pi_squared=True",
-        expect=r"calculate_sum_pi_squared=true: sum of squared policy probabilities .* " + NOT_AVAILABLE),
-    inv("rollout_correction (token TIS)", "rollout correction", _BASE + "algorithm.rollout_correction.rollout_is=token "
-        "algorithm.rollout_correction.rollout_is_threshold=2.0 actor_rollout_ref.rollout.calculate_log_probs=True"),
-    inv("rollout_correction (bypass mode)", "rollout correction", _BASE + "algorithm.rollout_correction.bypass_mode=True "
-        "algorithm.rollout_correction.loss_type=ppo_clip algorithm.rollout_correction.rollout_is_batch_normalize=True"),
-    inv("rollout_correction (multi-rule RS)", "rollout correction", _BASE + "algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2' "
-        "algorithm.rollout_correction.rollout_rs_threshold='0.5_2.0,0.01'"),
-    inv("grpo_trainer/run_qwen3-4b_gsm8k_grpo_lora_merge.sh", "LoRA", GRPO_2024 + " actor_rollout_ref.model.lora_rank=64 "
-        "actor_rollout_ref.model.lora_alpha=32 actor_rollout_ref.model.target_modules=all-linear"),
-    inv("grpo_trainer/run_qwen2_5_vl_7b_fsdp.sh", "multimodal", GRPO_2024 + " data.image_key=pixel_values",
-        expect=r"data\.image_key=pixel_values: multimodal \(image/video/audio\) inputs " + NOT_AVAILABLE),
-    inv("grpo_trainer (vision tower)", "multimodal", GRPO_2024 + " actor_rollout_ref.actor.freeze_vision_tower=True",
-        expect=r"freeze_vision_tower=true: multimodal"),
-    inv("grpo_trainer/run_qwen2_5_vl_7b_sglang_fsdp.sh", "SGLang / TensorRT-LLM", GRPO_2024.replace("rollout.name=vllm", "rollout.name=sglang"),
-        expect=r"actor_rollout_ref\.rollout\.name=sglang: this rollout engine \(SGLang, TensorRT-LLM\) " + NOT_AVAILABLE),
-    inv("grpo_trainer/run_qwen2-7b_math_trtllm.sh", "SGLang / TensorRT-LLM", GRPO_2024.replace("rollout.name=vllm", "rollout.name=trtllm"),
-        expect=r"actor_rollout_ref\.rollout\.name=trtllm: this rollout engine"),
-    inv("ppo_trainer/run_qwen3_8b_megatron.sh", "Megatron", PPO_2024.replace("critic.model.fsdp_config.param_offload=False", "")
-        .replace("critic.model.fsdp_config.optimizer_offload=False", "") + " actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"
+        expect=r"calculate_sum_pi_squared=true: sum of squared policy probabilities .* " + NOT_AVAILABLE,
+    ),
+    inv(
+        "rollout_correction (token TIS)",
+        "rollout correction",
+        _BASE + "algorithm.rollout_correction.rollout_is=token "
+        "algorithm.rollout_correction.rollout_is_threshold=2.0 actor_rollout_ref.rollout.calculate_log_probs=True",
+    ),
+    inv(
+        "rollout_correction (bypass mode)",
+        "rollout correction",
+        _BASE + "algorithm.rollout_correction.bypass_mode=True "
+        "algorithm.rollout_correction.loss_type=ppo_clip algorithm.rollout_correction.rollout_is_batch_normalize=True",
+    ),
+    inv(
+        "rollout_correction (multi-rule RS)",
+        "rollout correction",
+        _BASE + "algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2' "
+        "algorithm.rollout_correction.rollout_rs_threshold='0.5_2.0,0.01'",
+    ),
+    inv(
+        "grpo_trainer/run_qwen3-4b_gsm8k_grpo_lora_merge.sh",
+        "LoRA",
+        GRPO_2024 + " actor_rollout_ref.model.lora_rank=64 "
+        "actor_rollout_ref.model.lora_alpha=32 actor_rollout_ref.model.target_modules=all-linear",
+    ),
+    inv(
+        "grpo_trainer/run_qwen2_5_vl_7b_fsdp.sh",
+        "multimodal",
+        GRPO_2024 + " data.image_key=pixel_values",
+        expect=r"data\.image_key=pixel_values: multimodal \(image/video/audio\) inputs " + NOT_AVAILABLE,
+    ),
+    inv(
+        "grpo_trainer (vision tower)",
+        "multimodal",
+        GRPO_2024 + " actor_rollout_ref.actor.freeze_vision_tower=True",
+        expect=r"freeze_vision_tower=true: multimodal",
+    ),
+    inv(
+        "grpo_trainer/run_qwen2_5_vl_7b_sglang_fsdp.sh",
+        "SGLang / TensorRT-LLM",
+        GRPO_2024.replace("rollout.name=vllm", "rollout.name=sglang"),
+        expect=r"actor_rollout_ref\.rollout\.name=sglang: this rollout engine \(SGLang, TensorRT-LLM\) "
+        + NOT_AVAILABLE,
+    ),
+    inv(
+        "grpo_trainer/run_qwen2-7b_math_trtllm.sh",
+        "SGLang / TensorRT-LLM",
+        GRPO_2024.replace("rollout.name=vllm", "rollout.name=trtllm"),
+        expect=r"actor_rollout_ref\.rollout\.name=trtllm: this rollout engine",
+    ),
+    inv(
+        "ppo_trainer/run_qwen3_8b_megatron.sh",
+        "Megatron",
+        PPO_2024.replace("critic.model.fsdp_config.param_offload=False", "").replace(
+            "critic.model.fsdp_config.optimizer_offload=False", ""
+        )
+        + " actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"
         " actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 critic.megatron.tensor_model_parallel_size=2",
         expect=r"^actor_rollout_ref\.actor\.strategy=megatron: Megatron-LM training " + NOT_AVAILABLE,
-        config_name="ppo_megatron_trainer"),
-    inv("grpo_trainer/run_qwen3_8b_fsdp.sh DEVICE=npu", "NPU / Ulysses", GRPO_QWEN3_8B + " actor_rollout_ref.actor.use_torch_compile=False "
+        config_name="ppo_megatron_trainer",
+    ),
+    inv(
+        "grpo_trainer/run_qwen3_8b_fsdp.sh DEVICE=npu",
+        "NPU / Ulysses",
+        GRPO_QWEN3_8B + " actor_rollout_ref.actor.use_torch_compile=False "
         "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4 actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=4 "
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 "
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096",
-        expect=r"ulysses_sequence_parallel_size=4: Ulysses sequence parallelism " + NOT_AVAILABLE),
-    inv("ulysses sp (2024)", "NPU / Ulysses", GRPO_2024 + " actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-        expect=r"actor_rollout_ref\.actor\.ulysses_sequence_parallel_size=2: Ulysses"),
-    inv("multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh", "multi-turn / agent", GRPO_2024 + " actor_rollout_ref.rollout.mode=async "
+        expect=r"ulysses_sequence_parallel_size=4: Ulysses sequence parallelism " + NOT_AVAILABLE,
+    ),
+    inv(
+        "ulysses sp (2024)",
+        "NPU / Ulysses",
+        GRPO_2024 + " actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        expect=r"actor_rollout_ref\.actor\.ulysses_sequence_parallel_size=2: Ulysses",
+    ),
+    inv(
+        "multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh",
+        "multi-turn / agent",
+        GRPO_2024 + " actor_rollout_ref.rollout.mode=async "
         "actor_rollout_ref.rollout.multi_turn.enable=True actor_rollout_ref.rollout.multi_turn.tool_config_path=$TRAIN "
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5",
-        expect=r"multi-turn rollouts with tools \(agent loop\) " + NOT_AVAILABLE),
-    inv("agent loop", "multi-turn / agent", GRPO_2024 + " actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
-        expect=r"rollout\.agent\.default_agent_loop=tool_agent: agent loops " + NOT_AVAILABLE),
-    inv("ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh", "profiler", GRPO_2024 + " global_profiler.tool=nsys "
+        expect=r"multi-turn rollouts with tools \(agent loop\) " + NOT_AVAILABLE,
+    ),
+    inv(
+        "agent loop",
+        "multi-turn / agent",
+        GRPO_2024 + " actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+        expect=r"rollout\.agent\.default_agent_loop=tool_agent: agent loops " + NOT_AVAILABLE,
+    ),
+    inv(
+        "ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh",
+        "profiler",
+        GRPO_2024 + " global_profiler.tool=nsys "
         "global_profiler.steps=[1,2,5] actor_rollout_ref.actor.profiler.enable=True actor_rollout_ref.actor.profiler.all_ranks=True",
-        expect=r"the per-role profilers .* " + NOT_AVAILABLE),
-    inv("distillation", "other features", GRPO_2024 + " distillation.enabled=True",
-        expect=r"distillation\.enabled=true: on-policy distillation from teacher models " + NOT_AVAILABLE),
-    inv("data limits", "other features", GRPO_2024 + " data.train_max_samples=1000",
-        expect=r"data\.train_max_samples=1000: limiting the number of training samples " + NOT_AVAILABLE),
-    inv("engine knobs (no effect)", "GRPO FSDP", GRPO_2024 + " actor_rollout_ref.actor.fsdp_config.forward_prefetch=True "
-        "actor_rollout_ref.actor.entropy_checkpointing=True actor_rollout_ref.rollout.max_model_len=4096 trainer.use_legacy_worker_impl=disable"),
+        expect=r"the per-role profilers .* " + NOT_AVAILABLE,
+    ),
+    inv(
+        "distillation",
+        "other features",
+        GRPO_2024 + " distillation.enabled=True",
+        expect=r"distillation\.enabled=true: on-policy distillation from teacher models " + NOT_AVAILABLE,
+    ),
+    inv(
+        "data limits",
+        "other features",
+        GRPO_2024 + " data.train_max_samples=1000",
+        expect=r"data\.train_max_samples=1000: limiting the number of training samples " + NOT_AVAILABLE,
+    ),
+    inv(
+        "engine knobs (no effect)",
+        "GRPO FSDP",
+        GRPO_2024 + " actor_rollout_ref.actor.fsdp_config.forward_prefetch=True "
+        "actor_rollout_ref.actor.entropy_checkpointing=True actor_rollout_ref.rollout.max_model_len=4096 trainer.use_legacy_worker_impl=disable",
+    ),
 )
 
 
@@ -277,6 +408,14 @@ def test_upstream_invocation(invocation, paths):
 
 def test_corpus_covers_the_feature_classes():
     classes = {i.feature for i in CORPUS}
-    assert {"GRPO FSDP", "PPO FSDP", "algorithms", "LoRA", "multimodal", "Megatron", "SGLang / TensorRT-LLM",
-            "multi-turn / agent"} <= classes
+    assert {
+        "GRPO FSDP",
+        "PPO FSDP",
+        "algorithms",
+        "LoRA",
+        "multimodal",
+        "Megatron",
+        "SGLang / TensorRT-LLM",
+        "multi-turn / agent",
+    } <= classes
     assert len(CORPUS) >= 40

@@ -17,7 +17,12 @@ def test_reduce_metrics_averages_per_worker_nested_lists():
     # what DataProto.concat of two workers gives: one entry per worker, each a per-micro-batch list
     metrics = {"loss": [[1.0, 2.0], [3.0]], "lr": [1e-3, 1e-3], "t": torch.tensor([1.0, 3.0]), "name": "x", "none": []}
     out = reduce_metrics(metrics)
-    assert out["loss"] == pytest.approx(2.0) and out["lr"] == pytest.approx(1e-3) and out["t"] == 2.0 and out["name"] == "x"
+    assert (
+        out["loss"] == pytest.approx(2.0)
+        and out["lr"] == pytest.approx(1e-3)
+        and out["t"] == 2.0
+        and out["name"] == "x"
+    )
     assert math.isnan(out["none"])
     metrics.pop("none")
     assert trainer_reduce(metrics) == {k: v for k, v in out.items() if k != "none"}
@@ -48,15 +53,22 @@ def _proxy_batch(with_is: bool) -> DataProto:
 def test_variance_proxy_metrics_hand_worked():
     out = compute_variance_proxy_metrics(_proxy_batch(False), gradient_norm=1.0)
     # W = 0.5 + 0.5 = 1 per sequence; proxy2 = mean(1 * 1, 4 * 1) = 2.5; noise = (2.5 - 1) / (2 - 1)
-    assert out == pytest.approx({
-        "variance_proxy/proxy1_signal_strength": 1.0, "variance_proxy/proxy2_total_power": 2.5,
-        "variance_proxy/proxy3_pure_noise": 1.5, "variance_proxy/expected_a_squared": 2.5, "variance_proxy/expected_w": 1.0,
-    })
+    assert out == pytest.approx(
+        {
+            "variance_proxy/proxy1_signal_strength": 1.0,
+            "variance_proxy/proxy2_total_power": 2.5,
+            "variance_proxy/proxy3_pure_noise": 1.5,
+            "variance_proxy/expected_a_squared": 2.5,
+            "variance_proxy/expected_w": 1.0,
+        }
+    )
     with_is = compute_variance_proxy_metrics(_proxy_batch(True))
     # W scaled by rho^2: sequence 0 = 2 * 0.5 * 4 = 4, sequence 1 = 1; proxy2 = mean(4 * 1 * 1, 1 * 4 * 1) = 4
     assert with_is["variance_proxy/expected_w"] == pytest.approx(2.5)
     assert with_is["variance_proxy/proxy2_total_power"] == pytest.approx(4.0)
-    assert with_is["variance_proxy/proxy1_signal_strength"] == 0.0 and with_is["variance_proxy/proxy3_pure_noise"] == 0.0
+    assert (
+        with_is["variance_proxy/proxy1_signal_strength"] == 0.0 and with_is["variance_proxy/proxy3_pure_noise"] == 0.0
+    )
     assert compute_variance_proxy_metrics(DataProto.from_dict(tensors={"advantages": torch.ones(2, 2)})) == {}
 
 

@@ -48,7 +48,11 @@ def prompt_batch(tok, prompts=PROMPTS[:4], n=2, prompt_len=8):
     enc = tok(prompts, add_special_tokens=False, padding="max_length", max_length=prompt_len, return_tensors="pt")
     mask = enc["attention_mask"]
     data = DataProto.from_dict(
-        tensors={"input_ids": enc["input_ids"], "attention_mask": mask, "position_ids": compute_position_id_with_mask(mask)},
+        tensors={
+            "input_ids": enc["input_ids"],
+            "attention_mask": mask,
+            "position_ids": compute_position_id_with_mask(mask),
+        },
         non_tensors={"uid": np.array([f"u{i}" for i in range(len(prompts))], dtype=object)},
         meta_info={"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id},
     )
@@ -82,14 +86,25 @@ def test_actor_rollout_ref_round_trip(tiny, tmp_path):
 
     gen_in = prompt_batch(tok)
     out = worker.generate_sequences(gen_in)
-    for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids", "rollout_log_probs"):
+    for key in (
+        "prompts",
+        "responses",
+        "response_mask",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "rollout_log_probs",
+    ):
         assert key in out.batch.keys(), key
     assert out.batch["responses"].shape == (8, 6) and out.batch["input_ids"].shape == (8, 14)
     assert out.meta_info["timing"]["generate_sequences"] > 0
 
     batch = DataProto.from_dict(tensors=dict(out.batch.items()), non_tensors={"uid": gen_in.non_tensor_batch["uid"]})
     old = worker.compute_log_prob(batch)
-    expected = reference_log_probs(plain, {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")})
+    expected = reference_log_probs(
+        plain,
+        {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")},
+    )
     torch.testing.assert_close(old.batch["old_log_probs"], expected, atol=1e-5, rtol=0)
     mask = batch.batch["response_mask"].bool()
     # rollout log-probs are the learner's (same weights, same temperature, fp32)
@@ -98,7 +113,11 @@ def test_actor_rollout_ref_round_trip(tiny, tmp_path):
     ref = worker.compute_ref_log_prob(batch)
     torch.testing.assert_close(ref.batch["ref_log_prob"], expected, atol=1e-5, rtol=0)
 
-    batch = batch.union(DataProto.from_dict(tensors={"old_log_probs": old.batch["old_log_probs"], "ref_log_prob": ref.batch["ref_log_prob"]}))
+    batch = batch.union(
+        DataProto.from_dict(
+            tensors={"old_log_probs": old.batch["old_log_probs"], "ref_log_prob": ref.batch["ref_log_prob"]}
+        )
+    )
     _grpo_like_advantages(batch)
     result = worker.update_actor(batch)
     metrics = result.meta_info["metrics"]
@@ -128,11 +147,16 @@ def test_use_current_as_old_log_prob_returns_old_log_probs(tiny):
     worker = ActorRolloutRefWorker(config=make_config(path).actor_rollout_ref, role="actor_rollout")
     worker.init_model()
     out = worker.generate_sequences(prompt_batch(tok))
-    batch = DataProto.from_dict(tensors=dict(out.batch.items()), non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)})
+    batch = DataProto.from_dict(
+        tensors=dict(out.batch.items()), non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)}
+    )
     _grpo_like_advantages(batch)
     batch.meta_info["use_current_as_old_log_prob"] = True
     result = worker.update_actor(batch)
-    expected = reference_log_probs(plain, {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")})
+    expected = reference_log_probs(
+        plain,
+        {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")},
+    )
     torch.testing.assert_close(result.batch["old_log_probs"], expected, atol=1e-5, rtol=0)
     assert result.meta_info["metrics"]["actor/ppo_kl"] == [0.0]
 
@@ -142,7 +166,9 @@ def test_batch_size_divisibility_is_reported(tiny):
 
     path, _, _ = tiny
     cfg = make_config(path, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 3})
-    with pytest.raises(ValueError, match=r"8 sequences .* not divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"):
+    with pytest.raises(
+        ValueError, match=r"8 sequences .* not divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"
+    ):
         ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor")
 
 
@@ -153,7 +179,12 @@ def test_workers_do_not_modify_a_config_dataclass_passed_in(tiny):
     path, _, _ = tiny
     cfg = make_config(path)
     actor_cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=False)
-    sections = {"model": cfg.actor_rollout_ref.model, "rollout": cfg.actor_rollout_ref.rollout, "ref": cfg.actor_rollout_ref.ref, "actor": actor_cfg}
+    sections = {
+        "model": cfg.actor_rollout_ref.model,
+        "rollout": cfg.actor_rollout_ref.rollout,
+        "ref": cfg.actor_rollout_ref.ref,
+        "actor": actor_cfg,
+    }
     first = ActorRolloutRefWorker(config=sections, role="actor")
     second = ActorRolloutRefWorker(config=sections, role="actor")
     assert actor_cfg.ppo_mini_batch_size == 4 and actor_cfg.loss_scale_factor is None
@@ -173,7 +204,9 @@ def test_separate_rollout_copy_is_synced_and_checked(tiny):
     assert not worker.rollout.shares_weights_with(worker.actor_module)
     out = worker.generate_sequences(prompt_batch(tok))
     assert out.meta_info["metrics"]["rollout/weight_sync_max_logp_diff"] < 1e-5
-    batch = DataProto.from_dict(tensors=dict(out.batch.items()), non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)})
+    batch = DataProto.from_dict(
+        tensors=dict(out.batch.items()), non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)}
+    )
     _grpo_like_advantages(batch)
     batch.meta_info["use_current_as_old_log_prob"] = True
     worker.update_actor(batch)
@@ -223,7 +256,10 @@ def test_reward_model_worker_scores_last_token(tiny, tmp_path):
     model = build_reward_model(path)
     model.save_pretrained(rm_dir)
     tok.save_pretrained(rm_dir)
-    cfg = make_config(path, **{"reward_model.enable": True, "reward_model.model.path": rm_dir, "reward_model.micro_batch_size_per_gpu": 4})
+    cfg = make_config(
+        path,
+        **{"reward_model.enable": True, "reward_model.model.path": rm_dir, "reward_model.micro_batch_size_per_gpu": 4},
+    )
     worker = RewardModelWorker(config=cfg.reward_model)
     worker.init_model()
     assert worker.reward_model.input_tokenizer is None  # same tokenizer: no re-templating
@@ -253,7 +289,10 @@ def test_cpu_bf16_autocast_runs_and_reports_the_mismatch(tiny):
     metrics = old.meta_info["metrics"]
     # rollout (KV-cached decoding) and learner (full forward) both in bf16: close, not identical
     assert 0 <= metrics["rollout_mismatch/kl_k3"] < 1e-2
-    fp32 = reference_log_probs(plain, {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")})
+    fp32 = reference_log_probs(
+        plain,
+        {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")},
+    )
     mask = batch.batch["response_mask"].bool()
     assert (old.batch["old_log_probs"] - fp32)[mask].abs().mean() < 0.1
     assert all(p.dtype == torch.float32 for p in worker.actor_module.parameters())  # fp32 master weights
@@ -273,7 +312,9 @@ def test_gradient_checkpointing_gives_the_same_update(tiny):
         from test_workers_common import RESPONSES, make_batch
 
         tensors = make_batch(tok, PROMPTS, RESPONSES, prompt_len=8, resp_len=6)
-        batch = DataProto.from_dict(tensors=tensors, non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)})
+        batch = DataProto.from_dict(
+            tensors=tensors, non_tensors={"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)}
+        )
         _grpo_like_advantages(batch)
         batch.meta_info["use_current_as_old_log_prob"] = True
         metrics = worker.update_actor(batch).meta_info["metrics"]
@@ -299,7 +340,10 @@ def test_standalone_rollout_and_ref_roles(tiny):
     ref.init_model()
     batch = DataProto.from_dict(tensors=dict(out.batch.items()))
     lp = ref.compute_ref_log_prob(batch).batch["ref_log_prob"]
-    expected = reference_log_probs(plain, {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")})
+    expected = reference_log_probs(
+        plain,
+        {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")},
+    )
     torch.testing.assert_close(lp, expected, atol=1e-5, rtol=0)
     assert not any(p.requires_grad for p in ref.ref_policy.actor_module.parameters())
     with pytest.raises(RuntimeError, match="needs a rollout role"):
@@ -321,7 +365,9 @@ def test_model_loading_keeps_the_per_rank_sampling_stream(tiny):
     build_value_model(path)
     assert torch.equal(torch.get_rng_state(), state)
     # and the value head of a fresh value model is still the same on every rank
-    torch.testing.assert_close(build_value_model(path).score.weight, build_value_model(path).score.weight, atol=0, rtol=0)
+    torch.testing.assert_close(
+        build_value_model(path).score.weight, build_value_model(path).score.weight, atol=0, rtol=0
+    )
 
     worker = ActorRolloutRefWorker(config=make_config(path).actor_rollout_ref, role="actor_rollout")
     worker.init_model()

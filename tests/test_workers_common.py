@@ -28,7 +28,9 @@ def build_tokenizer(out_dir: str):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, padding_side="left")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, padding_side="left"
+    )
     fast.chat_template = (
         "{% for m in messages %}{{ m['role'][0] ~ ':' ~ m['content'] ~ '<eos>' }}{% endfor %}"
         "{% if add_generation_prompt %}{{ 'a:' }}{% endif %}"
@@ -44,7 +46,15 @@ def build_tokenizer(out_dir: str):
     return fast
 
 
-def build_tiny_llama(out_dir: str, hidden_size: int = 32, num_layers: int = 2, seed: int = 0, intermediate_size: int | None = None, heads: int = 4, kv_heads: int = 2):
+def build_tiny_llama(
+    out_dir: str,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    seed: int = 0,
+    intermediate_size: int | None = None,
+    heads: int = 4,
+    kv_heads: int = 2,
+):
     """Random LlamaForCausalLM + tokenizer saved in `out_dir`; returns the directory."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -110,7 +120,9 @@ def make_batch(tokenizer, prompts: list[str], responses: list[str], prompt_len: 
 def reference_log_probs(model, batch, temperature: float = 1.0) -> torch.Tensor:
     """Log-probs of the response tokens from one plain padded transformers forward ([b, R])."""
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+        ).logits
     resp_len = batch["responses"].shape[1]
     logits = logits[:, -resp_len - 1 : -1].float() / temperature
     lp = torch.log_softmax(logits, dim=-1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)

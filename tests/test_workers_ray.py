@@ -40,7 +40,9 @@ def setup(ray_session, tmp_path_factory):
     cfg = make_config(path, **OVERRIDES)
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
     class_dict = {
-        "actor_rollout": RayClassWithInitArgs(cls=ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="actor_rollout"),
+        "actor_rollout": RayClassWithInitArgs(
+            cls=ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="actor_rollout"
+        ),
         "critic": RayClassWithInitArgs(cls=CriticWorker, config=cfg.critic),
     }
     wg = RayWorkerGroup(pool, create_colocated_worker_cls(class_dict), num_threads_per_worker=1)
@@ -69,7 +71,10 @@ def test_world_size_2_log_probs_generation_update_and_checkpoint(setup, tmp_path
     # compute_log_prob over 2 FSDP shards equals one plain transformers forward
     batch = _train_batch(tok)
     old = actor.compute_log_prob(batch).batch["old_log_probs"]
-    expected = reference_log_probs(plain, {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")})
+    expected = reference_log_probs(
+        plain,
+        {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")},
+    )
     torch.testing.assert_close(old, expected, atol=1e-5, rtol=0)
 
     # generation with full parameters gathered; rollout log-probs equal the learner's
@@ -77,7 +82,9 @@ def test_world_size_2_log_probs_generation_update_and_checkpoint(setup, tmp_path
     mask = gen.batch["response_mask"].bool()
     lp = actor.compute_log_prob(DataProto.from_dict(tensors=dict(gen.batch.items()))).batch["old_log_probs"]
     assert (lp - gen.batch["rollout_log_probs"])[mask].abs().max() < 1e-5
-    greedy2 = actor.generate_sequences(prompt_batch(tok, n=1).union(DataProto(meta_info={"validate": True}))).batch["responses"]
+    greedy2 = actor.generate_sequences(prompt_batch(tok, n=1).union(DataProto(meta_info={"validate": True}))).batch[
+        "responses"
+    ]
 
     # one update at world size 2 (prompt-mean with a group split across ranks, token budgets that
     # give the ranks different micro-batch counts) equals the same update in one process
@@ -85,7 +92,9 @@ def test_world_size_2_log_probs_generation_update_and_checkpoint(setup, tmp_path
     m2 = actor.update_actor(batch).meta_info["metrics"]
     single = ActorRolloutRefWorker(config=make_config(path, **OVERRIDES).actor_rollout_ref, role="actor_rollout")
     single.init_model()
-    greedy1 = single.generate_sequences(prompt_batch(tok, n=1).union(DataProto(meta_info={"validate": True}))).batch["responses"]
+    greedy1 = single.generate_sequences(prompt_batch(tok, n=1).union(DataProto(meta_info={"validate": True}))).batch[
+        "responses"
+    ]
     assert torch.equal(greedy1, greedy2)
     m1 = single.update_actor(batch).meta_info["metrics"]
     assert m2["actor/pg_loss"][0][0] == pytest.approx(m1["actor/pg_loss"][0], rel=1e-5, abs=1e-7)
@@ -108,7 +117,12 @@ def test_world_size_2_log_probs_generation_update_and_checkpoint(setup, tmp_path
     n2 = actor.update_actor(batch).meta_info["metrics"]
     n1 = fresh.update_actor(batch).meta_info["metrics"]
     assert n2["actor/grad_norm"][0][0] == pytest.approx(n1["actor/grad_norm"][0], rel=1e-5)
-    torch.testing.assert_close(actor.compute_log_prob(batch).batch["old_log_probs"], fresh.compute_log_prob(batch).batch["old_log_probs"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        actor.compute_log_prob(batch).batch["old_log_probs"],
+        fresh.compute_log_prob(batch).batch["old_log_probs"],
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 def test_world_size_2_critic_matches_single_process(setup):
@@ -130,7 +144,9 @@ def test_world_size_2_critic_matches_single_process(setup):
     assert m2["critic/grad_norm"][0][0] == pytest.approx(m1["critic/grad_norm"][0], rel=1e-5)
     assert m2["critic/grad_norm"][0][0] > 0.05
     # the clipped step landed identically
-    torch.testing.assert_close(critic.compute_values(batch).batch["values"], single.compute_values(batch).batch["values"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        critic.compute_values(batch).batch["values"], single.compute_values(batch).batch["values"], atol=1e-5, rtol=0
+    )
 
 
 def test_world_size_2_non_finite_loss_on_one_rank_is_skipped_everywhere(setup):
@@ -140,6 +156,9 @@ def test_world_size_2_non_finite_loss_on_one_rank_is_skipped_everywhere(setup):
     batch.batch["old_log_probs"] = actor.compute_log_prob(batch).batch["old_log_probs"]
     batch.batch["advantages"][6, 0] = float("nan")  # row 6 lives on rank 1 only
     metrics = actor.update_actor(batch).meta_info["metrics"]  # must not hang: both ranks skip together
-    assert metrics["actor/nonfinite_loss_skipped"] == [[1.0], [1.0]]  # one entry (list) per rank, as upstream; same count
+    assert metrics["actor/nonfinite_loss_skipped"] == [
+        [1.0],
+        [1.0],
+    ]  # one entry (list) per rank, as upstream; same count
     lp = actor.compute_log_prob(batch).batch["old_log_probs"]
     assert torch.isfinite(lp).all()

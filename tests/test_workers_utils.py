@@ -168,7 +168,12 @@ def test_lr_schedules_warmup_constant_and_cosine():
 
     const = lrs(OptimizerConfig(lr=1.0, lr_warmup_steps=2), 4)
     assert const == pytest.approx([0.0, 0.5, 1.0, 1.0])
-    cos = lrs(OptimizerConfig(lr=1.0, lr_warmup_steps=0, lr_scheduler_type="cosine", total_training_steps=4, min_lr_ratio=0.1), 5)
+    cos = lrs(
+        OptimizerConfig(
+            lr=1.0, lr_warmup_steps=0, lr_scheduler_type="cosine", total_training_steps=4, min_lr_ratio=0.1
+        ),
+        5,
+    )
     assert cos[0] == pytest.approx(1.0) and cos[4] == pytest.approx(0.1) and cos[2] == pytest.approx(0.55)
     ratio = lrs(OptimizerConfig(lr=1.0, lr_warmup_steps_ratio=0.5, total_training_steps=4), 3)
     assert ratio == pytest.approx([0.0, 0.5, 1.0])
@@ -183,7 +188,10 @@ def test_compute_dtype_resolution():
     assert resolve_compute_dtype(FSDPEngineConfig(), "cpu") is None
     assert resolve_compute_dtype(FSDPEngineConfig(cpu_autocast_bf16=True), "cpu") is torch.bfloat16
     assert resolve_compute_dtype(FSDPEngineConfig(), "cuda") is torch.bfloat16
-    assert resolve_compute_dtype(FSDPEngineConfig(mixed_precision=MixedPrecisionConfig(param_dtype="fp32")), "cuda") is None
+    assert (
+        resolve_compute_dtype(FSDPEngineConfig(mixed_precision=MixedPrecisionConfig(param_dtype="fp32")), "cuda")
+        is None
+    )
 
 
 # ---------------------------------------------------------------------------------------------

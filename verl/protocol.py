@@ -139,7 +139,13 @@ def _values_equal(a: Any, b: Any) -> bool:
     if a is b:
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.cpu(), b.cpu()))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and bool(torch.equal(a.cpu(), b.cpu()))
+        )
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape:
             return False
@@ -177,7 +183,9 @@ def _merge_metrics(into: dict[str, list], metrics: Any, part: int) -> None:
             _merge_metrics(into, item, part)
         return
     if not isinstance(metrics, dict):
-        raise TypeError(f"meta_info['metrics'] of part {part} must be a dict or a list of dicts, got {type(metrics).__name__}")
+        raise TypeError(
+            f"meta_info['metrics'] of part {part} must be a dict or a list of dicts, got {type(metrics).__name__}"
+        )
     for name, value in metrics.items():
         into.setdefault(name, []).append(value)
 
@@ -263,7 +271,9 @@ def _collate_indices(rows: list) -> np.ndarray:
 _RESERVED_LOADER_KWARGS = ("dataset", "batch_size", "collate_fn", "generator")
 
 
-def _mini_batch_indices(n: int, mini_batch_size: int, epochs: int, seed: int | None, dataloader_kwargs: dict | None) -> Iterator[np.ndarray]:
+def _mini_batch_indices(
+    n: int, mini_batch_size: int, epochs: int, seed: int | None, dataloader_kwargs: dict | None
+) -> Iterator[np.ndarray]:
     """Row numbers of each mini-batch for `make_iterator`, epoch after epoch.
 
     The order comes from a `torch.utils.data.DataLoader` over ``range(n)`` with ``batch_size=
@@ -282,12 +292,16 @@ def _mini_batch_indices(n: int, mini_batch_size: int, epochs: int, seed: int | N
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
     if n % mini_batch_size != 0 and not kwargs.get("drop_last", False):
-        raise tu.ProtocolError(f"{n} % {mini_batch_size} != 0: {n} rows do not divide into mini-batches of {mini_batch_size}; pass dataloader_kwargs={{'drop_last': True}} to drop the remainder")
+        raise tu.ProtocolError(
+            f"{n} % {mini_batch_size} != 0: {n} rows do not divide into mini-batches of {mini_batch_size}; pass dataloader_kwargs={{'drop_last': True}} to drop the remainder"
+        )
     generator = None
     if seed is not None:
         generator = torch.Generator()
         generator.manual_seed(seed)
-    loader = DataLoader(range(n), batch_size=mini_batch_size, collate_fn=_collate_indices, generator=generator, **kwargs)
+    loader = DataLoader(
+        range(n), batch_size=mini_batch_size, collate_fn=_collate_indices, generator=generator, **kwargs
+    )
     for _ in range(epochs):
         yield from loader
 
@@ -343,7 +357,9 @@ class DataProto:
             if not isinstance(self.batch, TensorDictBase):
                 raise TypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
             if len(self.batch.batch_size) != 1:
-                raise ValueError(f"DataProto.batch must have exactly one batch dimension, got batch_size={tuple(self.batch.batch_size)}")
+                raise ValueError(
+                    f"DataProto.batch must have exactly one batch dimension, got batch_size={tuple(self.batch.batch_size)}"
+                )
         if not isinstance(self.non_tensor_batch, dict):
             raise TypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
         if not isinstance(self.meta_info, dict):
@@ -352,9 +368,13 @@ class DataProto:
         reference = "batch"
         for key, val in self.non_tensor_batch.items():
             if not isinstance(val, np.ndarray):
-                raise TypeError(f"non_tensor_batch[{key!r}] must be a np.ndarray (dtype=object for Python objects), got {type(val).__name__}")
+                raise TypeError(
+                    f"non_tensor_batch[{key!r}] must be a np.ndarray (dtype=object for Python objects), got {type(val).__name__}"
+                )
             if val.ndim == 0:
-                raise ValueError(f"non_tensor_batch[{key!r}] is a 0-d array; it needs one entry per row (put batch-wide values in meta_info)")
+                raise ValueError(
+                    f"non_tensor_batch[{key!r}] is a 0-d array; it needs one entry per row (put batch-wide values in meta_info)"
+                )
             if rows is None:
                 rows, reference = val.shape[0], f"non_tensor_batch[{next(iter(self.non_tensor_batch))!r}]"
             elif val.shape[0] != rows:
@@ -368,7 +388,11 @@ class DataProto:
         return 0
 
     def __repr__(self) -> str:
-        tensors = {k: f"{tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.batch.items()} if self.batch is not None else {}
+        tensors = (
+            {k: f"{tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.batch.items()}
+            if self.batch is not None
+            else {}
+        )
         non_tensors = {k: f"{v.shape} {v.dtype}" for k, v in self.non_tensor_batch.items()}
         return f"DataProto(len={len(self)}, batch={tensors}, non_tensor_batch={non_tensors}, meta_info_keys={sorted(self.meta_info)})"
 
@@ -383,10 +407,16 @@ class DataProto:
                 raise IndexError(f"row {item} is out of range for a DataProto of {n} rows")
             item = int(item) % n
             batch = self.batch[item] if self.batch is not None else None
-            return DataProtoItem(batch=batch, non_tensor_batch={k: v[item] for k, v in self.non_tensor_batch.items()}, meta_info=self.meta_info)
+            return DataProtoItem(
+                batch=batch,
+                non_tensor_batch={k: v[item] for k, v in self.non_tensor_batch.items()},
+                meta_info=self.meta_info,
+            )
         if isinstance(item, (list, tuple, np.ndarray, torch.Tensor)):
             return self.select_idxs(item)
-        raise TypeError(f"DataProto indices must be int, slice, list, np.ndarray or torch.Tensor, got {type(item).__name__}")
+        raise TypeError(
+            f"DataProto indices must be int, slice, list, np.ndarray or torch.Tensor, got {type(item).__name__}"
+        )
 
     def __iter__(self) -> Iterator[DataProtoItem]:
         for i in range(len(self)):
@@ -397,7 +427,11 @@ class DataProto:
     def __getstate__(self):
         # Tensors travel as flat byte buffers (see tensordict_utils.tensordict_to_state): no
         # per-row objects, and Ray can pass the buffers out of band without copying them.
-        return {"batch": tu.tensordict_to_state(self.batch), "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
+        return {
+            "batch": tu.tensordict_to_state(self.batch),
+            "non_tensor_batch": self.non_tensor_batch,
+            "meta_info": self.meta_info,
+        }
 
     def __setstate__(self, state):
         self.batch = tu.tensordict_from_state(state["batch"])
@@ -434,7 +468,9 @@ class DataProto:
         if self.batch is not None:
             for key, val in self.batch.items():
                 shape = tuple(val.shape) if hasattr(val, "shape") else "?"
-                lines.append(f"  {key}: shape={shape} dtype={getattr(val, 'dtype', type(val).__name__)} device={getattr(val, 'device', None)}")
+                lines.append(
+                    f"  {key}: shape={shape} dtype={getattr(val, 'dtype', type(val).__name__)} device={getattr(val, 'device', None)}"
+                )
         lines.append("non_tensor_batch:")
         for key, val in self.non_tensor_batch.items():
             lines.append(f"  {key}: shape={val.shape} dtype={val.dtype}")
@@ -451,7 +487,9 @@ class DataProto:
                 if isinstance(t, torch.Tensor):
                     tensor_bytes += t.element_size() * t.numel()
         array_bytes = sum(v.nbytes for v in self.non_tensor_batch.values())
-        print(f"{prefix}size of tensordict: {tensor_bytes / 1024**3:.6f} GB, size of non_tensor_batch: {array_bytes / 1024**3:.6f} GB")
+        print(
+            f"{prefix}size of tensordict: {tensor_bytes / 1024**3:.6f} GB, size of non_tensor_batch: {array_bytes / 1024**3:.6f} GB"
+        )
 
     def print_summary(self, desc: str) -> None:
         """Print the meta_info values, the tensors' shapes and dtypes and the non-tensor entries'
@@ -473,7 +511,9 @@ class DataProto:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_single_dict(cls, data: dict[str, Any], meta_info: dict | None = None, auto_padding: bool = False) -> DataProto:
+    def from_single_dict(
+        cls, data: dict[str, Any], meta_info: dict | None = None, auto_padding: bool = False
+    ) -> DataProto:
         """Split one dict into tensors (torch.Tensor) and per-row objects (np.ndarray, list, tuple)."""
         tensors, non_tensors = {}, {}
         for key, val in data.items():
@@ -482,7 +522,9 @@ class DataProto:
             elif isinstance(val, (np.ndarray, list, tuple)):
                 non_tensors[key] = val
             else:
-                raise TypeError(f"value of {key!r} has type {type(val).__name__}; expected torch.Tensor, np.ndarray, list or tuple")
+                raise TypeError(
+                    f"value of {key!r} has type {type(val).__name__}; expected torch.Tensor, np.ndarray, list or tuple"
+                )
         return cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info, auto_padding=auto_padding)
 
     @classmethod
@@ -505,7 +547,9 @@ class DataProto:
             auto_padding: allow uneven chunking of this batch (see `DataProtoConfig`).
         """
         if num_batch_dims != 1:
-            raise tu.ProtocolError(f"only support num_batch_dims=1: DataProto has exactly one batch dimension, got num_batch_dims={num_batch_dims}")
+            raise tu.ProtocolError(
+                f"only support num_batch_dims=1: DataProto has exactly one batch dimension, got num_batch_dims={num_batch_dims}"
+            )
         tensors = tensors or {}
         non_tensors = non_tensors or {}
         meta_info = dict(meta_info or {})
@@ -528,7 +572,9 @@ class DataProto:
         return cls(batch=batch, non_tensor_batch=converted, meta_info=meta_info)
 
     @classmethod
-    def from_tensordict(cls, tensor_dict: TensorDict, meta_info: dict | None = None, num_batch_dims: int = 1) -> DataProto:
+    def from_tensordict(
+        cls, tensor_dict: TensorDict, meta_info: dict | None = None, num_batch_dims: int = 1
+    ) -> DataProto:
         """Inverse of `to_tensordict`: tensors -> batch, `NonTensorStack` -> non_tensor_batch
         (object arrays), `NonTensorData` -> meta_info."""
         from tensordict.tensorclass import NonTensorData, NonTensorStack
@@ -560,7 +606,9 @@ class DataProto:
         tensors: dict[str, Any] = dict(self.batch.items()) if self.batch is not None else {}
         for key, val in self.non_tensor_batch.items():
             if key in tensors:
-                raise ValueError(f"key {key!r} is in both batch and non_tensor_batch; rename one before to_tensordict()")
+                raise ValueError(
+                    f"key {key!r} is in both batch and non_tensor_batch; rename one before to_tensordict()"
+                )
             tensors[key] = list(val)
         clash = set(tensors) & set(self.meta_info)
         if clash:
@@ -574,7 +622,11 @@ class DataProto:
 
     def _derive(self, batch: TensorDict | None, non_tensor_batch: dict, meta_info: dict | None = None) -> DataProto:
         # Row-derived DataProtos share nothing mutable at the top level with their parent.
-        return type(self)(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=dict(self.meta_info) if meta_info is None else meta_info)
+        return type(self)(
+            batch=batch,
+            non_tensor_batch=non_tensor_batch,
+            meta_info=dict(self.meta_info) if meta_info is None else meta_info,
+        )
 
     def to(self, device) -> DataProto:
         """Move the tensors to `device` (in place) and return self."""
@@ -582,7 +634,9 @@ class DataProto:
             self.batch = self.batch.to(device)
         return self
 
-    def select(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None, deepcopy: bool = False) -> DataProto:
+    def select(
+        self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None, deepcopy: bool = False
+    ) -> DataProto:
         """A DataProto with only the given keys (None = all of that part). KeyError names a missing key.
 
         Tensors are shared with self unless ``deepcopy=True`` (then everything is copied)."""
@@ -596,7 +650,9 @@ class DataProto:
         else:
             batch = self.batch
         if non_tensor_batch_keys is not None:
-            non_tensor_batch_keys = [non_tensor_batch_keys] if isinstance(non_tensor_batch_keys, str) else list(non_tensor_batch_keys)
+            non_tensor_batch_keys = (
+                [non_tensor_batch_keys] if isinstance(non_tensor_batch_keys, str) else list(non_tensor_batch_keys)
+            )
             missing = [k for k in non_tensor_batch_keys if k not in self.non_tensor_batch]
             if missing:
                 raise KeyError(f"non_tensor_batch keys {missing} not found; available: {sorted(self.non_tensor_batch)}")
@@ -642,17 +698,25 @@ class DataProto:
         """Remove the given keys from self and return them as a new DataProto (KeyError names a
         missing key; nothing is removed in that case)."""
         batch_keys = [batch_keys] if isinstance(batch_keys, str) else list(batch_keys or [])
-        non_tensor_batch_keys = [non_tensor_batch_keys] if isinstance(non_tensor_batch_keys, str) else list(non_tensor_batch_keys or [])
+        non_tensor_batch_keys = (
+            [non_tensor_batch_keys] if isinstance(non_tensor_batch_keys, str) else list(non_tensor_batch_keys or [])
+        )
         meta_info_keys = [meta_info_keys] if isinstance(meta_info_keys, str) else list(meta_info_keys or [])
         available = set(self.batch.keys()) if self.batch is not None else set()
-        for keys, have, part in ((batch_keys, available, "batch"), (non_tensor_batch_keys, self.non_tensor_batch, "non_tensor_batch"), (meta_info_keys, self.meta_info, "meta_info")):
+        for keys, have, part in (
+            (batch_keys, available, "batch"),
+            (non_tensor_batch_keys, self.non_tensor_batch, "non_tensor_batch"),
+            (meta_info_keys, self.meta_info, "meta_info"),
+        ):
             missing = [k for k in keys if k not in have]
             if missing:
                 raise KeyError(f"{part} keys {missing} not found; available: {sorted(have)}")
         tensors = {k: self.batch.pop(k) for k in batch_keys}
         non_tensors = {k: self.non_tensor_batch.pop(k) for k in non_tensor_batch_keys}
         meta = {k: self.meta_info.pop(k) for k in meta_info_keys}
-        batch = TensorDict(source=tensors, batch_size=self.batch.batch_size, device=self.batch.device) if tensors else None
+        batch = (
+            TensorDict(source=tensors, batch_size=self.batch.batch_size, device=self.batch.device) if tensors else None
+        )
         return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     def rename(self, old_keys=None, new_keys=None) -> DataProto:
@@ -660,7 +724,9 @@ class DataProto:
         old = [old_keys] if isinstance(old_keys, str) else list(old_keys or [])
         new = [new_keys] if isinstance(new_keys, str) else list(new_keys or [])
         if len(old) != len(new):
-            raise ValueError(f"rename needs as many new keys as old keys, got {len(old)} old {old} and {len(new)} new {new}")
+            raise ValueError(
+                f"rename needs as many new keys as old keys, got {len(old)} old {old} and {len(new)} new {new}"
+            )
         for o, n in zip(old, new):
             if self.batch is not None and o in self.batch.keys():
                 self.batch.rename_key_(o, n)
@@ -675,8 +741,14 @@ class DataProto:
     def union(self, other: DataProto) -> DataProto:
         """Add `other`'s keys to self in place (equal row counts; a shared key must hold equal
         values, else ValueError naming it) and return self."""
-        if len(self) != len(other) and (self.batch is not None or self.non_tensor_batch) and (other.batch is not None or other.non_tensor_batch):
-            raise tu.ProtocolError(f"Two tensor dict must have identical batch size: cannot union DataProtos of {len(self)} and {len(other)} rows")
+        if (
+            len(self) != len(other)
+            and (self.batch is not None or self.non_tensor_batch)
+            and (other.batch is not None or other.non_tensor_batch)
+        ):
+            raise tu.ProtocolError(
+                f"Two tensor dict must have identical batch size: cannot union DataProtos of {len(self)} and {len(other)} rows"
+            )
         if self.batch is None:
             self.batch = other.batch
         elif other.batch is not None:
@@ -688,7 +760,9 @@ class DataProto:
 
     # ------------------------------------------------------------------ iteration and splitting
 
-    def make_iterator(self, mini_batch_size: int, epochs: int, seed: int | None = None, dataloader_kwargs: dict | None = None) -> Iterator[DataProto]:
+    def make_iterator(
+        self, mini_batch_size: int, epochs: int, seed: int | None = None, dataloader_kwargs: dict | None = None
+    ) -> Iterator[DataProto]:
         """Yield mini-batches of `mini_batch_size` rows, `epochs` times over the data.
 
         ``dataloader_kwargs`` go to the `torch.utils.data.DataLoader` that draws the row order
@@ -700,7 +774,9 @@ class DataProto:
         for idx in _mini_batch_indices(len(self), mini_batch_size, epochs, seed, dataloader_kwargs):
             run = _as_slice(idx)
             part = self.slice(run.start, run.stop) if run is not None else self.select_idxs(idx)
-            part.non_tensor_batch = {k: v if v.dtype == object else v.astype(object) for k, v in part.non_tensor_batch.items()}
+            part.non_tensor_batch = {
+                k: v if v.dtype == object else v.astype(object) for k, v in part.non_tensor_batch.items()
+            }
             part.meta_info = self.meta_info
             yield part
 
@@ -767,13 +843,19 @@ class DataProto:
             return DataProto(meta_info=meta)
         with_batch = [d.batch is not None for d in parts]
         if any(with_batch) and not all(with_batch):
-            raise ValueError(f"DataProto.concat: parts {[i for i, b in enumerate(with_batch) if not b]} have no tensor batch while others do")
+            raise ValueError(
+                f"DataProto.concat: parts {[i for i, b in enumerate(with_batch) if not b]} have no tensor batch while others do"
+            )
         batch = tu.concat_tensordict([d.batch for d in parts]) if all(with_batch) else None
         keys0 = set(parts[0].non_tensor_batch)
         for i, d in enumerate(parts[1:], start=1):
             if set(d.non_tensor_batch) != keys0:
-                raise ValueError(f"DataProto.concat: part {i} has non_tensor_batch keys {sorted(d.non_tensor_batch)} but part 0 has {sorted(keys0)}")
-        non_tensor = {k: np.concatenate([d.non_tensor_batch[k] for d in parts], axis=0) for k in parts[0].non_tensor_batch}
+                raise ValueError(
+                    f"DataProto.concat: part {i} has non_tensor_batch keys {sorted(d.non_tensor_batch)} but part 0 has {sorted(keys0)}"
+                )
+        non_tensor = {
+            k: np.concatenate([d.non_tensor_batch[k] for d in parts], axis=0) for k in parts[0].non_tensor_batch
+        }
         return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     def reorder(self, indices) -> None:
@@ -819,7 +901,9 @@ class DataProto:
                 for i, row in enumerate(val):
                     items = list(row)
                     if len(items) % n_split != 0:
-                        raise ValueError(f"row {i} of {key!r} has {len(items)} items, not divisible by n_split={n_split}")
+                        raise ValueError(
+                            f"row {i} of {key!r} has {len(items)} items, not divisible by n_split={n_split}"
+                        )
                     k = len(items) // n_split
                     for j in range(n_split):
                         out[i * n_split + j] = items[j * k : (j + 1) * k]
@@ -828,11 +912,17 @@ class DataProto:
                 if val.shape[1] % n_split != 0:
                     raise ValueError(f"dim 1 of {key!r} has size {val.shape[1]}, not divisible by n_split={n_split}")
                 return val.reshape(n * n_split, val.shape[1] // n_split, *val.shape[2:])
-            return val.repeat_interleave(n_split, dim=0) if isinstance(val, torch.Tensor) else np.repeat(val, n_split, axis=0)
+            return (
+                val.repeat_interleave(n_split, dim=0)
+                if isinstance(val, torch.Tensor)
+                else np.repeat(val, n_split, axis=0)
+            )
 
         batch = None
         if self.batch is not None:
-            batch = TensorDict({k: unfold(k, v) for k, v in self.batch.items()}, batch_size=[n * n_split], device=self.batch.device)
+            batch = TensorDict(
+                {k: unfold(k, v) for k, v in self.batch.items()}, batch_size=[n * n_split], device=self.batch.device
+            )
         non_tensor = {k: unfold(k, v) for k, v in self.non_tensor_batch.items()}
         return self._derive(batch, non_tensor)
 
@@ -872,7 +962,11 @@ def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
     group = n // new_batch_size
     batch = None
     if data.batch is not None:
-        batch = TensorDict({k: v.reshape(new_batch_size, group, *v.shape[1:]) for k, v in data.batch.items()}, batch_size=[new_batch_size], device=data.batch.device)
+        batch = TensorDict(
+            {k: v.reshape(new_batch_size, group, *v.shape[1:]) for k, v in data.batch.items()},
+            batch_size=[new_batch_size],
+            device=data.batch.device,
+        )
     non_tensor = {k: v.reshape(new_batch_size, group, *v.shape[1:]) for k, v in data.non_tensor_batch.items()}
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
 
@@ -928,9 +1022,14 @@ def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None
     items: dict[str, tuple] = {}
     for key, value in batch.items():
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"serialize_tensordict: entry {key!r} is a {type(value).__name__}; only tensors can be serialized this way")
+            raise TypeError(
+                f"serialize_tensordict: entry {key!r} is a {type(value).__name__}; only tensors can be serialized this way"
+            )
         if value.is_nested:
-            items[key] = (str(value.layout).removeprefix("torch."), [serialize_single_tensor(row) for row in value.unbind()])
+            items[key] = (
+                str(value.layout).removeprefix("torch."),
+                [serialize_single_tensor(row) for row in value.unbind()],
+            )
         else:
             items[key] = serialize_single_tensor(value)
     device = str(batch.device) if batch.device is not None else None
@@ -946,7 +1045,9 @@ def deserialize_tensordict(arr: Any) -> TensorDict:
             decoded[key] = deserialize_single_tensor(enc)
         elif len(enc) == 2:
             layout_name, rows = enc
-            decoded[key] = torch.nested.as_nested_tensor([deserialize_single_tensor(r) for r in rows], layout=getattr(torch, layout_name))
+            decoded[key] = torch.nested.as_nested_tensor(
+                [deserialize_single_tensor(r) for r in rows], layout=getattr(torch, layout_name)
+            )
         else:
             raise ValueError(f"Invalid tensor encoding format for {key!r}, expected length 2 or 3, got {len(enc)}")
     return TensorDict(source=decoded, batch_size=batch_size, device=device)
@@ -957,7 +1058,9 @@ def collate_fn(x: list[DataProtoItem]) -> DataProto:
     if not x:
         raise ValueError("collate_fn needs at least one DataProtoItem")
     batch = torch.stack([item.batch for item in x]).contiguous() if x[0].batch is not None else None
-    non_tensor = {key: _to_object_array([item.non_tensor_batch[key] for item in x], key) for key in x[0].non_tensor_batch}
+    non_tensor = {
+        key: _to_object_array([item.non_tensor_batch[key] for item in x], key) for key in x[0].non_tensor_batch
+    }
     return DataProto(batch=batch, non_tensor_batch=non_tensor)
 
 
@@ -972,7 +1075,11 @@ def all_gather_data_proto(data: DataProto, process_group=None) -> DataProto:
     import torch.distributed as dist
 
     world = dist.get_world_size(group=process_group)
-    comm_device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(process_group) == "nccl" else torch.device("cpu")
+    comm_device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend(process_group) == "nccl"
+        else torch.device("cpu")
+    )
     local = torch.tensor([len(data)], dtype=torch.int64, device=comm_device)
     sizes_t = [torch.zeros_like(local) for _ in range(world)]
     dist.all_gather(sizes_t, local, group=process_group)
@@ -984,7 +1091,9 @@ def all_gather_data_proto(data: DataProto, process_group=None) -> DataProto:
             tensor = data.batch.get(key)
             origin = tensor.device
             shape_rest = tuple(tensor.shape[1:])
-            raw = tensor.detach().to(comm_device).contiguous().reshape(len(data), math.prod(shape_rest)).view(torch.uint8)
+            raw = (
+                tensor.detach().to(comm_device).contiguous().reshape(len(data), math.prod(shape_rest)).view(torch.uint8)
+            )
             if raw.shape[0] < longest:
                 raw = torch.cat([raw, raw.new_zeros(longest - raw.shape[0], raw.shape[1])])
             bufs = [torch.empty_like(raw) for _ in range(world)]
@@ -1058,9 +1167,16 @@ def _ray_get_labeled(refs: list, labels: list | None = None, timeout: float | No
             try:
                 results[i] = ray.get(ref)
             except RayTaskError as err:
-                raise WorkerCallError(f"{label.text} raised an exception:\n{_strip_ansi(str(err))}", label.text, label.rank, label.method) from err
+                raise WorkerCallError(
+                    f"{label.text} raised an exception:\n{_strip_ansi(str(err))}", label.text, label.rank, label.method
+                ) from err
             except RayActorError as err:
-                raise WorkerCallError(f"{label.text} failed: the worker process died ({type(err).__name__}: {_strip_ansi(str(err))})", label.text, label.rank, label.method) from err
+                raise WorkerCallError(
+                    f"{label.text} failed: the worker process died ({type(err).__name__}: {_strip_ansi(str(err))})",
+                    label.text,
+                    label.rank,
+                    label.method,
+                ) from err
             except GetTimeoutError:  # pragma: no cover - ray.wait said it is ready
                 raise
     return results
@@ -1115,7 +1231,9 @@ class DataProtoFuture:
         for i, out in enumerate(outputs):
             if not isinstance(out, DataProto) and not as_tensordict:
                 who = self.labels[i].text if self.labels else f"result {i}"
-                raise TypeError(f"{who} returned a {type(out).__name__}, but a DataProtoFuture needs DataProto (or all TensorDict) outputs")
+                raise TypeError(
+                    f"{who} returned a {type(out).__name__}, but a DataProtoFuture needs DataProto (or all TensorDict) outputs"
+                )
         # TensorDict outputs (upstream's "protocol v2" workers) are concatenated the tensordict way
         result = tu.concat_tensordict(outputs) if as_tensordict else self.collect_fn(outputs)
         if self.dispatch_fn is not None:
@@ -1148,7 +1266,9 @@ class BatchData:
             return self.data.chunk(chunks=chunks)
         if isinstance(self.data, TensorDictBase):
             return tu.chunk_tensordict(self.data, chunks)
-        raise TypeError(f"BatchData.chunk: a {type(self.data).__name__} is not chunkable (expected DataProto, DataProtoFuture or TensorDict)")
+        raise TypeError(
+            f"BatchData.chunk: a {type(self.data).__name__} is not chunkable (expected DataProto, DataProtoFuture or TensorDict)"
+        )
 
     def _kind(self) -> str | None:
         items = self.data
@@ -1180,5 +1300,11 @@ class BatchData:
             return tu.concat_tensordict(list(self.data))
         if kind == "refs":
             return DataProtoFuture.concat(list(self.data))
-        types = sorted({type(o).__name__ for o in self.data}) if isinstance(self.data, (list, tuple)) else [type(self.data).__name__]
-        raise TypeError(f"BatchData.concat needs a non-empty list of DataProto, TensorDict or ray.ObjectRef, got {types}")
+        types = (
+            sorted({type(o).__name__ for o in self.data})
+            if isinstance(self.data, (list, tuple))
+            else [type(self.data).__name__]
+        )
+        raise TypeError(
+            f"BatchData.concat needs a non-empty list of DataProto, TensorDict or ray.ObjectRef, got {types}"
+        )

@@ -43,7 +43,9 @@ def compute_policy_loss_truncated_pg(
 
     # agg_loss without global kwargs: inside the actor's `global_batch_info` context the result is
     # this micro-batch's exact share of the mini-batch loss, so accumulation stays exact
-    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, loss_scale_factor=config_get(config, "loss_scale_factor"))
+    pg_loss = agg_loss(
+        per_token, response_mask, loss_agg_mode, loss_scale_factor=config_get(config, "loss_scale_factor")
+    )
 
     metrics = {
         "actor/pg_clipfrac": verl_F.masked_mean((ratio > truncation).float(), response_mask).item(),

@@ -23,8 +23,12 @@ from verl.workers.reward_manager.registry import register
 
 @register("length_penalized")
 class LengthPenalizedRewardManager(AbstractRewardManager):
-    def __init__(self, tokenizer, num_examine=0, compute_score=None, reward_fn_key="data_source", length_penalty=0.01, **kwargs):
-        super().__init__(tokenizer, num_examine=num_examine, compute_score=compute_score, reward_fn_key=reward_fn_key, **kwargs)
+    def __init__(
+        self, tokenizer, num_examine=0, compute_score=None, reward_fn_key="data_source", length_penalty=0.01, **kwargs
+    ):
+        super().__init__(
+            tokenizer, num_examine=num_examine, compute_score=compute_score, reward_fn_key=reward_fn_key, **kwargs
+        )
         self.length_penalty = float(length_penalty)
 
     def score_items(self, items):

@@ -42,8 +42,15 @@ def convert(rec: dict, split: str, index: int, where: str, args) -> dict:
 
 
 def main(argv=None) -> dict[str, str]:
-    return run(argv, description=__doc__, default_save_dir="~/data/gsm8k", hub_name=DATA_SOURCE, hub_config="main",
-               required_columns=("question", "answer"), convert=convert)
+    return run(
+        argv,
+        description=__doc__,
+        default_save_dir="~/data/gsm8k",
+        hub_name=DATA_SOURCE,
+        hub_config="main",
+        required_columns=("question", "answer"),
+        convert=convert,
+    )
 
 
 if __name__ == "__main__":

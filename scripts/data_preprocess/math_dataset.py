@@ -38,13 +38,24 @@ def convert(rec: dict, split: str, index: int, where: str, args) -> dict:
 
 
 def _add_arguments(p) -> None:
-    p.add_argument("--data_source", default=DEFAULT_SOURCE,
-                   help="value of the data_source column (selects the scorer; any MATH source works)")
+    p.add_argument(
+        "--data_source",
+        default=DEFAULT_SOURCE,
+        help="value of the data_source column (selects the scorer; any MATH source works)",
+    )
 
 
 def main(argv=None) -> dict[str, str]:
-    return run(argv, description=__doc__, default_save_dir="~/data/math", hub_name=DEFAULT_SOURCE, hub_config="default",
-               required_columns=("problem", "solution"), convert=convert, add_arguments=_add_arguments)
+    return run(
+        argv,
+        description=__doc__,
+        default_save_dir="~/data/math",
+        hub_name=DEFAULT_SOURCE,
+        hub_config="default",
+        required_columns=("problem", "solution"),
+        convert=convert,
+        add_arguments=_add_arguments,
+    )
 
 
 if __name__ == "__main__":

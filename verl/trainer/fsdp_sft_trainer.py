@@ -66,9 +66,7 @@ def init_process_group(device: str) -> bool:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend=backend)
     else:
-        dist.init_process_group(
-            backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-        )
+        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     return True
@@ -135,17 +133,25 @@ class FSDPSFTTrainer:
             )
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.train_sampler = DistributedSampler(
-            train_dataset, num_replicas=self.world_size, rank=self.rank, shuffle=bool(data.get("shuffle", True)),
-            seed=int(data.get("seed", 1)), drop_last=True,
+            train_dataset,
+            num_replicas=self.world_size,
+            rank=self.rank,
+            shuffle=bool(data.get("shuffle", True)),
+            seed=int(data.get("seed", 1)),
+            drop_last=True,
         )
         self.train_loader = DataLoader(
             train_dataset, batch_size=self.local_batch, sampler=self.train_sampler, drop_last=True, num_workers=0
         )
         self.steps_per_epoch = len(self.train_loader)
         tr = config.trainer
-        self.total_steps = int(tr.total_training_steps) if tr.get("total_training_steps") else tr.total_epochs * self.steps_per_epoch
+        self.total_steps = (
+            int(tr.total_training_steps) if tr.get("total_training_steps") else tr.total_epochs * self.steps_per_epoch
+        )
         if self.total_steps <= 0:
-            raise ValueError(f"no training steps: {self.steps_per_epoch} steps per epoch x trainer.total_epochs={tr.total_epochs}")
+            raise ValueError(
+                f"no training steps: {self.steps_per_epoch} steps per epoch x trainer.total_epochs={tr.total_epochs}"
+            )
 
         torch.manual_seed(int(tr.seed))
         fsdp_cfg = config.model.fsdp_config
@@ -163,16 +169,28 @@ class FSDPSFTTrainer:
             self.model = apply_lora(self.model, self.lora_config, task_type="CAUSAL_LM")
         self.model.config.use_cache = False
         self.model.to(self.device)
-        self.mesh = device_mesh or init_device_mesh(self.device, mesh_shape=(self.world_size,), mesh_dim_names=("fsdp",))
-        wrap_policy = OmegaConf.to_container(fsdp_cfg.wrap_policy, resolve=True) if isinstance(
-            fsdp_cfg.get("wrap_policy"), DictConfig) else dict(fsdp_cfg.get("wrap_policy") or {})
-        apply_fsdp2(self.model, self.mesh, reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
-                    wrap_policy=wrap_policy)
+        self.mesh = device_mesh or init_device_mesh(
+            self.device, mesh_shape=(self.world_size,), mesh_dim_names=("fsdp",)
+        )
+        wrap_policy = (
+            OmegaConf.to_container(fsdp_cfg.wrap_policy, resolve=True)
+            if isinstance(fsdp_cfg.get("wrap_policy"), DictConfig)
+            else dict(fsdp_cfg.get("wrap_policy") or {})
+        )
+        apply_fsdp2(
+            self.model,
+            self.mesh,
+            reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
+            wrap_policy=wrap_policy,
+        )
         self.compute_dtype = torch.bfloat16 if (self.device == "cuda" or fsdp_cfg.get("cpu_autocast_bf16")) else None
 
         optim = config.optim
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=optim.lr, betas=tuple(optim.betas), eps=optim.get("eps", 1e-8),
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=optim.lr,
+            betas=tuple(optim.betas),
+            eps=optim.get("eps", 1e-8),
             weight_decay=optim.weight_decay,
         )
         warmup = int(math.floor(float(optim.warmup_steps_ratio) * self.total_steps))
@@ -180,7 +198,9 @@ class FSDPSFTTrainer:
 
         if optim.lr_scheduler == "cosine":
             self.lr_scheduler = get_cosine_schedule_with_warmup(
-                self.optimizer, num_warmup_steps=warmup, num_training_steps=self.total_steps,
+                self.optimizer,
+                num_warmup_steps=warmup,
+                num_training_steps=self.total_steps,
                 min_lr_ratio=float(optim.get("min_lr_ratio", 0.0)),
             )
         elif optim.lr_scheduler == "constant":
@@ -194,8 +214,9 @@ class FSDPSFTTrainer:
         if backends and self.rank == 0:
             from verl.utils.tracking import Tracking
 
-            self._tracking = Tracking(tr.project_name, tr.experiment_name, backends,
-                                      config=OmegaConf.to_container(config, resolve=True))
+            self._tracking = Tracking(
+                tr.project_name, tr.experiment_name, backends, config=OmegaConf.to_container(config, resolve=True)
+            )
 
     # ------------------------------------------------------------------------------------------------
     def _autocast(self):
@@ -214,8 +235,9 @@ class FSDPSFTTrainer:
         position_ids = batch["position_ids"].to(self.device)
         loss_mask = batch["loss_mask"][:, :-1].to(self.device)
         with self._autocast():
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                use_cache=False).logits
+            logits = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).logits
         logits = logits[:, :-1].float()
         nll = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1), reduction="none"
@@ -240,7 +262,7 @@ class FSDPSFTTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), dtype=torch.float64)
         for start in range(0, n, mbs):
-            micro = {k: v[start:start + mbs] for k, v in batch.items()}
+            micro = {k: v[start : start + mbs] for k, v in batch.items()}
             nll_sum, _ = self._nll_sum(micro)
             # exact global token mean; x world_size undoes FSDP2's gradient averaging over ranks
             (nll_sum * (self.world_size / global_tokens)).backward()
@@ -251,12 +273,18 @@ class FSDPSFTTrainer:
             self.optimizer.step()
         else:
             self.state.skipped_steps += 1
-            logger.warning("step %d: gradient norm is %s, optimizer step skipped", self.state.global_step + 1, grad_norm.item())
+            logger.warning(
+                "step %d: gradient norm is %s, optimizer step skipped", self.state.global_step + 1, grad_norm.item()
+            )
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"train/loss": loss, "train/grad_norm": float(grad_norm), "train/lr": lr,
-                "train/response_tokens": global_tokens}
+        return {
+            "train/loss": loss,
+            "train/grad_norm": float(grad_norm),
+            "train/lr": lr,
+            "train/response_tokens": global_tokens,
+        }
 
     @torch.no_grad()
     def validation_loss(self) -> float:
@@ -272,7 +300,7 @@ class FSDPSFTTrainer:
         per_rank = -(-n // self.world_size)
         total = torch.zeros(2, dtype=torch.float64)
         for start in range(0, per_rank, mbs):
-            chunk = own[start:start + mbs]
+            chunk = own[start : start + mbs]
             weights = [1.0] * len(chunk) + [0.0] * (mbs - len(chunk))
             chunk = chunk + [0] * (mbs - len(chunk))
             items = [self.val_dataset[i] for i in chunk]
@@ -309,7 +337,9 @@ class FSDPSFTTrainer:
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(path)
                 _pin_tokenizer_class(path, self.tokenizer)
-            with open(os.path.join(self.config.trainer.default_local_dir, "latest_checkpointed_iteration.txt"), "w") as f:
+            with open(
+                os.path.join(self.config.trainer.default_local_dir, "latest_checkpointed_iteration.txt"), "w"
+            ) as f:
                 f.write(str(step))
         dist.barrier()
         return path
@@ -322,8 +352,9 @@ class FSDPSFTTrainer:
         if self._tracking is not None:
             self._tracking.log(metrics, step)
         tr = self.config.trainer
-        if self._console and (step % max(1, int(tr.get("log_freq", 10))) == 0 or step == self.total_steps
-                              or "val/loss" in metrics):
+        if self._console and (
+            step % max(1, int(tr.get("log_freq", 10))) == 0 or step == self.total_steps or "val/loss" in metrics
+        ):
             shown = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
             print(f"sft step {step}/{self.total_steps} | {shown}", flush=True)
 
@@ -352,8 +383,13 @@ class FSDPSFTTrainer:
             self.state.epoch += 1
         if self._tracking is not None:
             self._tracking.finish()
-        return {"final_checkpoint": last_path, "history": self.state.history, "rank": self.rank,
-                "skipped_steps": self.state.skipped_steps, "seconds": time.time() - t0}
+        return {
+            "final_checkpoint": last_path,
+            "history": self.state.history,
+            "rank": self.rank,
+            "skipped_steps": self.state.skipped_steps,
+            "seconds": time.time() - t0,
+        }
 
 
 def _lora_model_config(model_cfg):
@@ -416,12 +452,15 @@ def run_sft(config) -> dict:
     device = _resolve_device(config.trainer.device)
     created = init_process_group(device)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(config.model.partial_pretrain,
-                                                  trust_remote_code=bool(config.model.trust_remote_code))
+        tokenizer = AutoTokenizer.from_pretrained(
+            config.model.partial_pretrain, trust_remote_code=bool(config.model.trust_remote_code)
+        )
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         train_ds = create_sft_dataset(config.data.train_files, config.data, tokenizer)
-        val_ds = create_sft_dataset(config.data.val_files, config.data, tokenizer) if config.data.get("val_files") else None
+        val_ds = (
+            create_sft_dataset(config.data.val_files, config.data, tokenizer) if config.data.get("val_files") else None
+        )
         trainer = FSDPSFTTrainer(config, tokenizer, train_ds, val_ds)
         return trainer.fit()
     finally:

@@ -23,6 +23,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.ppo.utils import Role, reference_in_actor, resolve_device, validate_config
+
 # upstream exposes these two here; they live with the dataset
 from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler  # noqa: F401
 
@@ -52,16 +53,16 @@ def _normalized_argv(argv: list[str]) -> list[str]:
     from verl.trainer.config.upstream_keys import normalize_overrides
 
     takes_value = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--info", "-i"}
-    spots = [i for i in range(1, len(argv))
-             if not argv[i].startswith("-") and argv[i - 1] not in takes_value]
+    spots = [i for i in range(1, len(argv)) if not argv[i].startswith("-") and argv[i - 1] not in takes_value]
     out = list(argv)
     for i, text in zip(spots, normalize_overrides([argv[i] for i in spots])):
         out[i] = text
     return out
 
 
-def load_default_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer",
-                        preset: bool | str = True) -> DictConfig:
+def load_default_config(
+    overrides: list[str] | None = None, config_name: str = "ppo_trainer", preset: bool | str = True
+) -> DictConfig:
     """The config of `python -m verl.trainer.main_ppo <overrides>`, without running anything
     (tests, notebooks): `load_default_config(["algorithm.adv_estimator=grpo"])`. With no model
     path, the embedded toy job's preset applies (`preset=False`: the yaml's upstream defaults;
@@ -115,7 +116,7 @@ def explain_override_error(exc: Exception, config_name: str = "ppo_trainer") -> 
     siblings = sorted(p.rpartition(".")[2] for p in paths | fields if p.rpartition(".")[0] == parent)
     close = [f"{parent}.{c}" if parent else c for c in closest_keys(leaf, siblings)]
     in_value = missing.startswith(key + ".")  # `data.custom_cls={a: 1}`: the bad key is inside the value
-    rest = key[len(missing):] if key.startswith(missing) else ""
+    rest = key[len(missing) :] if key.startswith(missing) else ""
     close = [c + rest for c in close]
     if not close:  # the key may be under another section: compare leaf names everywhere
         close = [p for p in _closest_anywhere(missing, paths | fields) if not missing.startswith(p + ".")]
@@ -189,7 +190,9 @@ def check_cli_overrides(argv: list[str]) -> None:
             config_name = next(it, config_name)
         elif arg.startswith("--config-name="):
             config_name = arg.split("=", 1)[1]
-        elif arg in ("--config-path", "-cp", "--config-dir", "-cd") or arg.startswith(("--config-path=", "--config-dir=")):
+        elif arg in ("--config-path", "-cp", "--config-dir", "-cd") or arg.startswith(
+            ("--config-path=", "--config-dir=")
+        ):
             return  # a config of the user's own: Hydra reports its errors
         elif arg in ("-m", "--multirun"):
             return  # sweeps (`a=1,2`) are Hydra's to expand
@@ -269,11 +272,15 @@ def _init_ray(ray_init: dict) -> bool:
         session_dir = ray._private.worker._global_node.get_session_dir_path()
         _init_ray.watchdog = driver_watchdog.start(session_dir)  # kept: its pipe lives as long as this process
         if _init_ray.watchdog is None:
-            logger.warning("no Ray session watchdog (needs psutil on POSIX): if this driver is killed, Ray "
-                           "processes may stay behind")
+            logger.warning(
+                "no Ray session watchdog (needs psutil on POSIX): if this driver is killed, Ray "
+                "processes may stay behind"
+            )
     except Exception as exc:  # noqa: BLE001 - the run works without it; leftovers are then possible
-        logger.warning("could not start the Ray session watchdog (%s): if this driver is killed, Ray processes "
-                       "may stay behind", exc)
+        logger.warning(
+            "could not start the Ray session watchdog (%s): if this driver is killed, Ray processes may stay behind",
+            exc,
+        )
     return True
 
 
@@ -300,8 +307,9 @@ class TaskRunner:
         local_path = copy_to_local(config.actor_rollout_ref.model.path)
         tok_path = config.data.get("tokenizer") or config.actor_rollout_ref.model.get("tokenizer_path") or local_path
         trust = bool(config.actor_rollout_ref.model.get("trust_remote_code", False))
-        tokenizer = hf_tokenizer(tok_path, trust_remote_code=trust,
-                                 chat_template=config.actor_rollout_ref.model.get("custom_chat_template"))
+        tokenizer = hf_tokenizer(
+            tok_path, trust_remote_code=trust, chat_template=config.actor_rollout_ref.model.get("custom_chat_template")
+        )
         processor = hf_processor(tok_path, trust_remote_code=trust)
 
         mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker)}
@@ -313,7 +321,9 @@ class TaskRunner:
             mapping[Role.RewardModel] = ray.remote(RewardModelWorker)
         pool_spec, role_pool = resource_pool_layout(tr.nnodes, tr.n_gpus_per_node, tr.role_pools, mapping)
         resource_pool_manager = ResourcePoolManager(
-            resource_pool_spec=pool_spec, mapping=role_pool, use_gpu=device == "cuda",
+            resource_pool_spec=pool_spec,
+            mapping=role_pool,
+            use_gpu=device == "cuda",
             num_cpus_per_worker=_cpus_per_worker(config, pool_spec, device),
         )
 
@@ -322,9 +332,15 @@ class TaskRunner:
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **dict(reward_kwargs))
 
         trainer = RayPPOTrainer(
-            config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=mapping,
-            resource_pool_manager=resource_pool_manager, ray_worker_group_cls=RayWorkerGroup,
-            reward_fn=reward_fn, val_reward_fn=val_reward_fn, device_name=device,
+            config=config,
+            tokenizer=tokenizer,
+            processor=processor,
+            role_worker_mapping=mapping,
+            resource_pool_manager=resource_pool_manager,
+            ray_worker_group_cls=RayWorkerGroup,
+            reward_fn=reward_fn,
+            val_reward_fn=val_reward_fn,
+            device_name=device,
         )
         try:
             trainer.init_workers()
@@ -340,7 +356,9 @@ class TaskRunner:
                 ray.timeline(filename=timeline)
 
 
-def resource_pool_layout(nnodes: int, n_gpus_per_node: int, role_pools: dict | None, mapping: dict) -> tuple[dict[str, list[int]], dict]:
+def resource_pool_layout(
+    nnodes: int, n_gpus_per_node: int, role_pools: dict | None, mapping: dict
+) -> tuple[dict[str, list[int]], dict]:
     """Pool name -> processes per node, and role -> pool name.
 
     Every role shares `global_pool` (`trainer.nnodes` x `trainer.n_gpus_per_node` processes)

@@ -106,9 +106,15 @@ def _plural(tp: Any) -> str:
 def _what(value: Any) -> str:
     if value == "" and isinstance(value, str):
         return "an empty value"
-    return {bool: "a boolean", int: "an integer", float: "a number with a fraction" if isinstance(value, float)
-            and not float(value).is_integer() else "a float", str: "a string", list: "a list", tuple: "a list",
-            dict: "a mapping"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number with a fraction" if isinstance(value, float) and not float(value).is_integer() else "a float",
+        str: "a string",
+        list: "a list",
+        tuple: "a list",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)
 
 
 class _Mismatch(Exception):
@@ -217,8 +223,10 @@ def _type_message(key: str, value: Any, tp: Any) -> str:
             msg += " (write true or false)"
     elif isinstance(value, str) and _bare(tp) in (int, float) and _is_number(value):
         # e.g. `${oc.env:MAX_LEN}` resolves to text; the rest of the run would read it as text too
-        msg += (f" (the text {value!r} is not converted: write the number without quotes, or decode an environment "
-                "variable with ${oc.decode:${oc.env:NAME}})")
+        msg += (
+            f" (the text {value!r} is not converted: write the number without quotes, or decode an environment "
+            "variable with ${oc.decode:${oc.env:NAME}})"
+        )
     elif isinstance(value, float) and _bare(tp) is int:
         if value.is_integer():
             msg += f" (write {int(value)}: an integer field takes no float)"
@@ -270,7 +278,7 @@ def _qualify(exc: Exception, path: str) -> Exception | None:
     for i in range(1, len(parts)):
         suffix = ".".join(parts[i:])
         if msg.startswith((suffix + ".", suffix + "=")):
-            return type(exc)(path + msg[len(suffix):])
+            return type(exc)(path + msg[len(suffix) :])
     if path in msg:
         return None
     return type(exc)(f"{path}: {msg}")
@@ -302,7 +310,9 @@ def omega_conf_to_dataclass(config: Any, dataclass_type: type | None = None, _pa
         if not dataclasses.is_dataclass(located):
             from hydra.utils import instantiate
 
-            return instantiate(config if isinstance(config, DictConfig) else OmegaConf.create(config), _convert_="partial")
+            return instantiate(
+                config if isinstance(config, DictConfig) else OmegaConf.create(config), _convert_="partial"
+            )
         dataclass_type = located
     if not dataclasses.is_dataclass(dataclass_type):
         raise TypeError(f"{dataclass_type!r} is not a dataclass")

@@ -39,7 +39,9 @@ _ACCEPTED = ("auto", "cpu", "cuda")
 def _requested_device() -> str:
     value = os.environ.get(_DEVICE_ENV, "").strip().lower() or "auto"
     if value not in _ACCEPTED:
-        raise ValueError(f"{_DEVICE_ENV}={os.environ.get(_DEVICE_ENV)!r} is not understood; accepted values: {_ACCEPTED}")
+        raise ValueError(
+            f"{_DEVICE_ENV}={os.environ.get(_DEVICE_ENV)!r} is not understood; accepted values: {_ACCEPTED}"
+        )
     return value
 
 
@@ -49,7 +51,9 @@ def _use_cuda() -> bool:
         return False
     available = torch.cuda.is_available()
     if requested == "cuda" and not available:
-        raise RuntimeError(f"{_DEVICE_ENV}=cuda but torch sees no CUDA device (torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        raise RuntimeError(
+            f"{_DEVICE_ENV}=cuda but torch sees no CUDA device (torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
     return available
 
 

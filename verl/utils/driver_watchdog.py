@@ -42,8 +42,14 @@ def start(session_dir: str | None) -> subprocess.Popen | None:
     # run as a file (it imports nothing of verl): works whatever sys.path the driver had
     args = [sys.executable, os.path.abspath(__file__), str(os.getpid()), session_dir or ""]
     # its own session: a Ctrl-C or a signal to the driver's process group does not reach it
-    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            close_fds=True, start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+        start_new_session=True,
+    )
     # keep the write end open for the driver's lifetime; os.set_inheritable(False) is the default
     # for pipes, so Ray's children do not hold it (they would keep the watchdog from waking)
     return proc

@@ -20,14 +20,20 @@ def is_non_local(path: str) -> bool:
 
 def _local(path: str) -> str:
     if path.startswith("file://"):
-        path = path[len("file://"):]
+        path = path[len("file://") :]
     if is_non_local(path):
         raise NotImplementedError(f"{path!r}: remote storage is not supported; copy it to a local path first")
     return os.path.expanduser(path)
 
 
-def copy_to_local(src: str, cache_dir: str | None = None, filename: str | None = None, verbose: bool = False,
-                  always_recopy: bool = False, use_shm: bool = False) -> str:
+def copy_to_local(
+    src: str,
+    cache_dir: str | None = None,
+    filename: str | None = None,
+    verbose: bool = False,
+    always_recopy: bool = False,
+    use_shm: bool = False,
+) -> str:
     """The local path of `src` (a local path is returned as is; remote paths are not supported)."""
     return _local(src)
 

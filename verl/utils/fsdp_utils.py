@@ -83,7 +83,9 @@ def create_device_mesh(world_size: int, fsdp_size: int = -1, device_type: str = 
         return init_device_mesh(device_type, mesh_shape=(world_size,), mesh_dim_names=("fsdp",))
     if world_size % fsdp_size:
         raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size {world_size}")
-    return init_device_mesh(device_type, mesh_shape=(world_size // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+    return init_device_mesh(
+        device_type, mesh_shape=(world_size // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp")
+    )
 
 
 def get_wrap_layer_classes(module: nn.Module, wrap_policy: dict | None = None) -> set[type]:
@@ -102,11 +104,15 @@ def get_wrap_layer_classes(module: nn.Module, wrap_policy: dict | None = None) -
     classes = {type(m) for m in module.modules() if type(m).__name__ in names}
     missing = names - {c.__name__ for c in classes}
     if missing and wrap_policy.get("transformer_layer_cls_to_wrap") is not None:
-        raise ValueError(f"fsdp_config.wrap_policy.transformer_layer_cls_to_wrap: no module of class {sorted(missing)} in {type(module).__name__}")
+        raise ValueError(
+            f"fsdp_config.wrap_policy.transformer_layer_cls_to_wrap: no module of class {sorted(missing)} in {type(module).__name__}"
+        )
     return classes
 
 
-def apply_fsdp2(module: nn.Module, mesh, reshard_after_forward: bool = True, wrap_policy: dict | None = None) -> nn.Module:
+def apply_fsdp2(
+    module: nn.Module, mesh, reshard_after_forward: bool = True, wrap_policy: dict | None = None
+) -> nn.Module:
     """Shard `module` in place with FSDP2 over `mesh` and return it (unchanged when mesh is None).
 
     Units: every module of a class from `get_wrap_layer_classes`, else (no such class) every child
@@ -226,7 +232,9 @@ def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float | None) 
     params = [p for p in parameters if p.grad is not None]
     if not params:
         return torch.tensor(0.0)
-    total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, error_if_nonfinite=False, foreach=None)
+    total = torch.nn.utils.get_total_norm(
+        [p.grad for p in params], norm_type=2.0, error_if_nonfinite=False, foreach=None
+    )
     if hasattr(total, "full_tensor"):  # DTensor: the norm over every shard
         total = total.full_tensor()
     total = total.float()
@@ -299,7 +307,7 @@ def peft_to_hf_key(key: str) -> str | None:
     `base_model.model.score.modules_to_save.default.weight` -> `score.weight`.
     """
     if key.startswith(_PEFT_PREFIX):
-        key = key[len(_PEFT_PREFIX):]
+        key = key[len(_PEFT_PREFIX) :]
     parts = key.split(".")
     if any(p.startswith("lora_") for p in parts) or "original_module" in parts:
         return None
@@ -370,11 +378,15 @@ def get_full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optim
     return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+def load_full_optimizer_state_dict(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+) -> None:
     """Load a full optimizer state dict (every rank passes it) into a sharded or plain optimizer."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state_dict, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(
+        model, optimizer, optim_state_dict=state_dict, options=StateDictOptions(full_state_dict=True)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,4 +518,3 @@ def autocast_context(device_type: str, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=dtype)
-

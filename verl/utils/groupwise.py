@@ -23,7 +23,9 @@ def as_torch_index(index: Any, device: torch.device | str | None = None) -> torc
     return torch.tensor(dense, dtype=torch.long, device=device)
 
 
-def group_mean_std(scores: torch.Tensor, gidx: torch.Tensor, eps: float = 1e-6, device: torch.device | str | None = None):
+def group_mean_std(
+    scores: torch.Tensor, gidx: torch.Tensor, eps: float = 1e-6, device: torch.device | str | None = None
+):
     """(mean, std, count) per group, each a [G] tensor, from `scores` [bs] and dense ids `gidx` [bs].
 
     std is the unbiased (n - 1) standard deviation. A group of one row gets mean 0 and std 1

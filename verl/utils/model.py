@@ -119,7 +119,9 @@ def _split_overrides(override_config: dict | None) -> tuple[dict, str]:
     return override, attn
 
 
-def _from_pretrained(auto_cls, path: str, override_config: dict | None, torch_dtype, trust_remote_code: bool, seed: int, **extra):
+def _from_pretrained(
+    auto_cls, path: str, override_config: dict | None, torch_dtype, trust_remote_code: bool, seed: int, **extra
+):
     override, attn = _split_overrides(override_config)
     config = load_model_config(path, override, trust_remote_code)
     for key, value in extra.items():
@@ -190,7 +192,9 @@ def build_reward_model(
     """A sequence-classification reward model with one label (`AutoModelForSequenceClassification`)."""
     from transformers import AutoModelForSequenceClassification
 
-    return _from_pretrained(AutoModelForSequenceClassification, path, override_config, torch_dtype, trust_remote_code, seed, num_labels=1)
+    return _from_pretrained(
+        AutoModelForSequenceClassification, path, override_config, torch_dtype, trust_remote_code, seed, num_labels=1
+    )
 
 
 def get_model_size(model: torch.nn.Module, scale: str = "auto") -> tuple[float, str]:
@@ -300,11 +304,16 @@ def apply_lora(module: torch.nn.Module, model_config, task_type: str = "CAUSAL_L
             if model_config.lora_rank and model_config.lora_rank != loaded.r:
                 logger.warning(
                     "model.lora_rank=%s differs from the rank r=%s of the adapter in model.lora_adapter_path=%s; "
-                    "the adapter's rank is used", model_config.lora_rank, loaded.r, adapter_path,
+                    "the adapter's rank is used",
+                    model_config.lora_rank,
+                    loaded.r,
+                    adapter_path,
                 )
             return peft_model
         if model_config.lora_rank <= 0:
-            raise ValueError(f"apply_lora needs model.lora_rank > 0 or model.lora_adapter_path, got lora_rank={model_config.lora_rank}")
+            raise ValueError(
+                f"apply_lora needs model.lora_rank > 0 or model.lora_adapter_path, got lora_rank={model_config.lora_rank}"
+            )
         exclude = _plain(model_config.exclude_modules)
         if task_type != "CAUSAL_LM":
             exclude = _exclude_heads(module, exclude)

@@ -49,7 +49,7 @@ def plot_training_curves(records: list[tuple[int, dict]] | str, out_png: str, ti
             if k.startswith(VAL_PREFIX) and "/mean@" in k:
                 f = _as_float(v)
                 if f is not None:
-                    val[k[len(VAL_PREFIX):]].append((s, f))
+                    val[k[len(VAL_PREFIX) :]].append((s, f))
     if not train and not val:
         return None
 

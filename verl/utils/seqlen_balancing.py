@@ -65,7 +65,11 @@ def padding_stats(lengths: Sequence[int], groups: Sequence[Sequence[int]]) -> di
     """`{"valid_tokens", "token_slots", "padding_waste"}` of a micro-batch plan."""
     valid = sum(int(lengths[i]) for g in groups for i in g)
     slots = sum(micro_batch_cost(lengths, g) for g in groups)
-    return {"valid_tokens": float(valid), "token_slots": float(slots), "padding_waste": 1.0 - valid / slots if slots else 0.0}
+    return {
+        "valid_tokens": float(valid),
+        "token_slots": float(slots),
+        "padding_waste": 1.0 - valid / slots if slots else 0.0,
+    }
 
 
 def _greedy_budget_groups(order: list[int], lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -316,7 +320,9 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int
     return greedy_partition([int(x) for x in seqlen_list], k_partitions, equal_size)
 
 
-def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]], prefix: str) -> dict[str, float]:
+def log_seqlen_unbalance(
+    seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]], prefix: str
+) -> dict[str, float]:
     """Metrics of how uneven the per-partition total lengths are (min / max / their difference),
     before (`prefix`/min, consecutive equal chunks as dispatched without balancing) and after."""
     if isinstance(seqlen_list, torch.Tensor):
@@ -367,7 +373,9 @@ class CompactRows:
         return int(self.lengths.sum())
 
 
-def compact_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, pad_token_id: int = 0) -> CompactRows:
+def compact_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, pad_token_id: int = 0
+) -> CompactRows:
     """Remove the padding of each row (see `CompactRows`).
 
     Args:
@@ -377,7 +385,9 @@ def compact_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position
         pad_token_id: id written in the compact padding (masked out, so any id works).
     """
     if position_ids.dim() != 2:
-        raise NotImplementedError(f"compact_rows: position_ids of shape {tuple(position_ids.shape)} (multi-axis rope) are not supported; set model.use_remove_padding=False")
+        raise NotImplementedError(
+            f"compact_rows: position_ids of shape {tuple(position_ids.shape)} (multi-axis rope) are not supported; set model.use_remove_padding=False"
+        )
     valid = attention_mask.bool()
     lengths = valid.sum(dim=-1)
     width = max(int(lengths.max()) if lengths.numel() else 0, 1)
@@ -392,7 +402,9 @@ def compact_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position
     if bool((lengths == width).all()):
         mask = None
     else:
-        mask = (torch.arange(width, device=input_ids.device).unsqueeze(0) < lengths.unsqueeze(1)).to(attention_mask.dtype)
+        mask = (torch.arange(width, device=input_ids.device).unsqueeze(0) < lengths.unsqueeze(1)).to(
+            attention_mask.dtype
+        )
     return CompactRows(ids, mask, pos, lengths, column_index.clamp(min=0), valid)
 
 
@@ -426,13 +438,19 @@ def response_outputs(
     valid = attention_mask[:, prompt_width:].bool()
     if remove_padding:
         packed = compact_rows(input_ids, attention_mask, position_ids, pad_token_id)
-        inputs = {"input_ids": packed.input_ids, "attention_mask": packed.attention_mask, "position_ids": packed.position_ids}
+        inputs = {
+            "input_ids": packed.input_ids,
+            "attention_mask": packed.attention_mask,
+            "position_ids": packed.position_ids,
+        }
         target = packed.column_index[:, prompt_width:] - 1
         valid = valid & (target >= 0)
         stats = (packed.valid_tokens, packed.token_slots)
     else:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        target = torch.arange(prompt_width - 1, input_ids.shape[-1] - 1, device=input_ids.device).expand(input_ids.shape[0], -1)
+        target = torch.arange(prompt_width - 1, input_ids.shape[-1] - 1, device=input_ids.device).expand(
+            input_ids.shape[0], -1
+        )
         stats = (int(attention_mask.sum()), input_ids.numel())
     width = inputs["input_ids"].shape[-1]
     first = int(target[valid].min()) if bool(valid.any()) else width - 1

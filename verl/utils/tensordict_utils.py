@@ -34,6 +34,7 @@ class ProtocolError(ValueError, AssertionError):
     start with upstream's words and then say what to do.
     """
 
+
 __all__ = [
     "assign_non_tensor",
     "assign_non_tensor_data",
@@ -127,11 +128,15 @@ def get_tensordict(tensor_dict: dict[str, torch.Tensor | list], non_tensor_dict:
             rows = val.size(0)
         elif isinstance(val, (list, np.ndarray)):
             if any(isinstance(v, torch.Tensor) for v in val):
-                raise ValueError(f"list {key!r} holds torch.Tensor items; a per-row list must hold plain Python/numpy objects")
+                raise ValueError(
+                    f"list {key!r} holds torch.Tensor items; a per-row list must hold plain Python/numpy objects"
+                )
             rows = len(val)
             val = NonTensorStack.from_list([NonTensorData(item) for item in val])
         else:
-            raise ValueError(f"entry {key!r} has type {type(val).__name__}; expected torch.Tensor, list, np.ndarray or NonTensorStack")
+            raise ValueError(
+                f"entry {key!r} has type {type(val).__name__}; expected torch.Tensor, list, np.ndarray or NonTensorStack"
+            )
         if isinstance(val, torch.Tensor) and val.is_nested and val.layout != torch.jagged:
             raise ValueError(f"nested tensor {key!r} must have layout=torch.jagged, got {val.layout}")
         if batch_size is None:
@@ -286,7 +291,12 @@ def concat_tensordict(data: list[TensorDict]) -> TensorDict:
     # would otherwise turn differing values into a per-row stack
     batch_wide = {k: data[0].get(k) for k in data[0].keys() if isinstance(data[0].get(k), NonTensorData)}
     if batch_wide:
-        data = [TensorDict({k: td.get(k) for k in td.keys() if k not in batch_wide}, batch_size=td.batch_size, device=td.device) for td in data]
+        data = [
+            TensorDict(
+                {k: td.get(k) for k in td.keys() if k not in batch_wide}, batch_size=td.batch_size, device=td.device
+            )
+            for td in data
+        ]
         out = concat_tensordict(data)
         for key, value in batch_wide.items():
             out[key] = NonTensorData(value.data)
@@ -297,8 +307,13 @@ def concat_tensordict(data: list[TensorDict]) -> TensorDict:
     for i, td in enumerate(data[1:], start=1):
         mine = {k for k, v in td.items() if isinstance(v, torch.Tensor) and v.is_nested}
         if mine != nested:
-            raise ProtocolError(f"TensorDict {i} has nested tensors {sorted(mine)} but TensorDict 0 has {sorted(nested)}")
-    regular = [TensorDict({k: td.get(k) for k in td.keys() if k not in nested}, batch_size=td.batch_size, device=td.device) for td in data]
+            raise ProtocolError(
+                f"TensorDict {i} has nested tensors {sorted(mine)} but TensorDict 0 has {sorted(nested)}"
+            )
+    regular = [
+        TensorDict({k: td.get(k) for k in td.keys() if k not in nested}, batch_size=td.batch_size, device=td.device)
+        for td in data
+    ]
     out = torch.cat(regular, dim=0)
     for key in sorted(nested):
         out[key] = concat_nested_tensors([td.get(key) for td in data])
@@ -320,7 +335,9 @@ def chunk_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
     nested = {k for k, v in td.items() if isinstance(v, torch.Tensor) and v.is_nested}
     if not nested:
         return [td[int(bounds[i]) : int(bounds[i + 1])] for i in range(chunks)]
-    regular = TensorDict({k: td.get(k) for k in td.keys() if k not in nested}, batch_size=td.batch_size, device=td.device)
+    regular = TensorDict(
+        {k: td.get(k) for k in td.keys() if k not in nested}, batch_size=td.batch_size, device=td.device
+    )
     pieces = [regular[int(bounds[i]) : int(bounds[i + 1])] for i in range(chunks)]
     for key in sorted(nested):
         nt = td.get(key)
@@ -425,7 +442,13 @@ def unpad(data: TensorDict, pad_size: int) -> TensorDict:
     return data[: data.batch_size[0] - pad_size] if pad_size else data
 
 
-def make_iterator(tensordict: TensorDict, mini_batch_size: int, epochs: int, seed: int | None = None, dataloader_kwargs: dict | None = None) -> Iterator[TensorDict]:
+def make_iterator(
+    tensordict: TensorDict,
+    mini_batch_size: int,
+    epochs: int,
+    seed: int | None = None,
+    dataloader_kwargs: dict | None = None,
+) -> Iterator[TensorDict]:
     """Yield mini-batches of `mini_batch_size` rows for `epochs` passes (see `DataProto.make_iterator`)."""
     from verl.protocol import _mini_batch_indices
 
@@ -437,7 +460,9 @@ def make_iterator(tensordict: TensorDict, mini_batch_size: int, epochs: int, see
 def assert_tensordict_eq(tensordict1: TensorDict, tensordict2: TensorDict) -> None:
     """Assert same keys and equal values (nested tensors compared row by row)."""
     keys1, keys2 = set(tensordict1.keys()), set(tensordict2.keys())
-    assert keys1 == keys2, f"key sets differ: only in first {sorted(keys1 - keys2)}, only in second {sorted(keys2 - keys1)}"
+    assert keys1 == keys2, (
+        f"key sets differ: only in first {sorted(keys1 - keys2)}, only in second {sorted(keys2 - keys1)}"
+    )
     for key in keys1:
         v1, v2 = tensordict1.get(key), tensordict2.get(key)
         assert type(v1) is type(v2), f"{key!r}: types differ ({type(v1).__name__} vs {type(v2).__name__})"
@@ -470,7 +495,9 @@ def contiguous(data: TensorDict) -> TensorDict:
         elif isinstance(val, torch.Tensor):
             tensors[key] = val.contiguous()
         else:
-            raise TypeError(f"contiguous: entry {key!r} is a {type(val).__name__}; expected a tensor, NonTensorStack or NonTensorData")
+            raise TypeError(
+                f"contiguous: entry {key!r} is a {type(val).__name__}; expected a tensor, NonTensorStack or NonTensorData"
+            )
     return get_tensordict(tensors, non_tensors)
 
 
@@ -534,7 +561,15 @@ def tensordict_to_state(td: TensorDict | None) -> dict | None:
         if device_type != "cpu":
             t = t.cpu()
         t = t.contiguous()
-        leaves.append((key, str(t.dtype).removeprefix("torch."), tuple(t.shape), device_type, t.reshape(-1).view(torch.uint8).numpy()))
+        leaves.append(
+            (
+                key,
+                str(t.dtype).removeprefix("torch."),
+                tuple(t.shape),
+                device_type,
+                t.reshape(-1).view(torch.uint8).numpy(),
+            )
+        )
     return {
         "format": "buffers",
         "batch_size": tuple(td.batch_size),
@@ -554,7 +589,12 @@ def _plain_tensor_leaves(td: TensorDict, prefix: tuple) -> list[tuple[Any, torch
             if sub is None or not sub:  # an empty sub-TensorDict would be lost: keep the object
                 return None
             out.extend(sub)
-        elif isinstance(value, torch.Tensor) and type(value) is torch.Tensor and not value.is_nested and value.layout == torch.strided:
+        elif (
+            isinstance(value, torch.Tensor)
+            and type(value) is torch.Tensor
+            and not value.is_nested
+            and value.layout == torch.strided
+        ):
             out.append((full[0] if len(full) == 1 else full, value))
         else:
             return None

@@ -20,10 +20,18 @@ def set_pad_token_id(tokenizer) -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError(f"tokenizer {type(tokenizer).__name__} has neither a pad nor an eos token; set one")
         tokenizer.pad_token = tokenizer.eos_token
-        warnings.warn(f"tokenizer has no pad token; using eos {tokenizer.eos_token!r} (id {tokenizer.eos_token_id})", stacklevel=2)
+        warnings.warn(
+            f"tokenizer has no pad token; using eos {tokenizer.eos_token!r} (id {tokenizer.eos_token_id})", stacklevel=2
+        )
 
 
-def hf_tokenizer(name_or_path: str, correct_pad_token: bool = True, correct_gemma2: bool = True, chat_template: str | None = None, **kwargs):
+def hf_tokenizer(
+    name_or_path: str,
+    correct_pad_token: bool = True,
+    correct_gemma2: bool = True,
+    chat_template: str | None = None,
+    **kwargs,
+):
     """`AutoTokenizer.from_pretrained(name_or_path, **kwargs)` with a pad token guaranteed.
 
     Args:

@@ -142,9 +142,7 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     return var
 
 
-def masked_whiten(
-    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
-) -> torch.Tensor:
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
     """Standardise `values` with the mean and (unbiased) variance of the selected elements.
 
     `(values - mean) / sqrt(var + eps)`; with `shift_mean=False` the mean is added back
@@ -223,7 +221,9 @@ def logprobs_from_logits(
     """
     del inplace_backward
     if logits.shape[:-1] != labels.shape:
-        raise ValueError(f"logprobs_from_logits: logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree")
+        raise ValueError(
+            f"logprobs_from_logits: logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree"
+        )
     lead_shape = labels.shape
     vocab = logits.shape[-1]
     flat_logits = logits.reshape(-1, vocab)
@@ -245,15 +245,21 @@ def logprobs_from_logits_v2(logits: torch.Tensor, labels: torch.Tensor) -> torch
     return logprobs_from_logits(logits, labels)
 
 
-def logprobs_from_logits_flash_attn(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
+def logprobs_from_logits_flash_attn(
+    logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True
+) -> torch.Tensor:
     """Log-probs with flash-attn's Triton cross-entropy kernel: logits [N, V], labels [N] -> [N].
 
     Raises ImportError when flash-attn (>= 2.4.3) is not installed."""
     if _flash_cross_entropy_loss is None:
-        raise ImportError("logprobs_from_logits_flash_attn needs flash-attn>=2.4.3 (flash_attn.ops.triton.cross_entropy); use logprobs_from_logits")
+        raise ImportError(
+            "logprobs_from_logits_flash_attn needs flash-attn>=2.4.3 (flash_attn.ops.triton.cross_entropy); use logprobs_from_logits"
+        )
     out = _flash_cross_entropy_loss(logits, labels, inplace_backward=inplace_backward)
     if not isinstance(out, tuple):
-        raise RuntimeError("flash-attn cross_entropy_loss did not return (losses, z_losses); flash-attn>=2.4.3 is required")
+        raise RuntimeError(
+            "flash-attn cross_entropy_loss did not return (losses, z_losses); flash-attn>=2.4.3 is required"
+        )
     return -out[0]
 
 
@@ -262,9 +268,13 @@ def logprobs_from_logits_torch_npu(logits: torch.Tensor, labels: torch.Tensor) -
 
     Raises ImportError when torch_npu is not installed."""
     if not NPU_CROSS_ENTROPY_LOSS_AVAILABLE:
-        raise ImportError("logprobs_from_logits_torch_npu needs torch_npu with npu_cross_entropy_loss; use logprobs_from_logits")
+        raise ImportError(
+            "logprobs_from_logits_torch_npu needs torch_npu with npu_cross_entropy_loss; use logprobs_from_logits"
+        )
     lead = logits.shape[:-1]
-    loss, *_ = _torch_npu.npu_cross_entropy_loss(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    loss, *_ = _torch_npu.npu_cross_entropy_loss(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none"
+    )
     return -loss.view(*lead)
 
 
@@ -331,7 +341,9 @@ def get_eos_mask(response_id: torch.Tensor, eos_token: int | Sequence[int] = 2, 
     return get_response_mask(response_id, eos_token, dtype)
 
 
-def pad_sequence_to_length(tensors: torch.Tensor, max_seq_len: int, pad_token_id, left_pad: bool = False) -> torch.Tensor:
+def pad_sequence_to_length(
+    tensors: torch.Tensor, max_seq_len: int, pad_token_id, left_pad: bool = False
+) -> torch.Tensor:
     """Pad the last dimension of a [B, S] tensor to `max_seq_len` (no-op when already that long)."""
     if tensors.shape[-1] >= max_seq_len:
         return tensors
@@ -373,9 +385,13 @@ def postprocess_data(
         elif truncation == "middle":
             head = max_length // 2
             tail = max_length - head
-            input_ids = torch.cat([input_ids[..., :head], input_ids[..., -tail:]], dim=-1) if tail else input_ids[..., :head]
+            input_ids = (
+                torch.cat([input_ids[..., :head], input_ids[..., -tail:]], dim=-1) if tail else input_ids[..., :head]
+            )
             attention_mask = (
-                torch.cat([attention_mask[..., :head], attention_mask[..., -tail:]], dim=-1) if tail else attention_mask[..., :head]
+                torch.cat([attention_mask[..., :head], attention_mask[..., -tail:]], dim=-1)
+                if tail
+                else attention_mask[..., :head]
             )
         else:
             raise ValueError(f"prompt length {seq_len} exceeds max_length {max_length} (truncation='error')")
@@ -515,7 +531,9 @@ def _pad_rows(values: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: i
     return out.reshape(batch, seqlen, *values.shape[1:])
 
 
-def log_probs_from_logits_response_rmpad(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_rmpad: torch.Tensor, response_length: int) -> torch.Tensor:
+def log_probs_from_logits_response_rmpad(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_rmpad: torch.Tensor, response_length: int
+) -> torch.Tensor:
     """Response log-probs when the model ran on the unpadded tokens.
 
     Args:
@@ -533,7 +551,14 @@ def log_probs_from_logits_response_rmpad(input_ids: torch.Tensor, attention_mask
     return full[:, -response_length - 1 : -1]
 
 
-def log_probs_from_logits_all_rmpad(input_ids_rmpad: torch.Tensor, logits_rmpad: torch.Tensor, indices: torch.Tensor, batch_size: int, seqlen: int, response_length: int) -> torch.Tensor:
+def log_probs_from_logits_all_rmpad(
+    input_ids_rmpad: torch.Tensor,
+    logits_rmpad: torch.Tensor,
+    indices: torch.Tensor,
+    batch_size: int,
+    seqlen: int,
+    response_length: int,
+) -> torch.Tensor:
     """As `log_probs_from_logits_response_rmpad`, given the unpadded ids ([1, nnz]) and their flat
     positions `indices` ([nnz]) directly. Returns [batch_size, response_length]."""
     ids = input_ids_rmpad.transpose(0, 1).squeeze(-1)
@@ -555,7 +580,9 @@ def calculate_sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))
 
 
-def prepare_decoder_attention_mask(attention_mask: torch.Tensor | None, input_shape, inputs_embeds: torch.Tensor) -> torch.Tensor | None:
+def prepare_decoder_attention_mask(
+    attention_mask: torch.Tensor | None, input_shape, inputs_embeds: torch.Tensor
+) -> torch.Tensor | None:
     """Additive 4-D attention mask [B, 1, S, S]: 0 where attention is allowed, the dtype's
     minimum where it is not (future positions, and padded keys from the [B, S] `attention_mask`)."""
     bsz, tgt = input_shape[0], input_shape[-1]
@@ -587,7 +614,9 @@ def expand_as_nested(tensor: torch.Tensor, nested_tensor: torch.Tensor) -> torch
     if not nested_tensor.is_nested:
         raise ValueError("expand_as_nested: nested_tensor must be a nested (jagged) tensor")
     if tensor.dim() != 1 or tensor.shape[0] != nested_tensor.shape[0]:
-        raise ValueError(f"expand_as_nested: tensor must be 1-D with {nested_tensor.shape[0]} rows, got shape {tuple(tensor.shape)}")
+        raise ValueError(
+            f"expand_as_nested: tensor must be 1-D with {nested_tensor.shape[0]} rows, got shape {tuple(tensor.shape)}"
+        )
     if nested_tensor.dim() != 2:
         raise ValueError(f"expand_as_nested: nested_tensor must be 2-D, got {nested_tensor.dim()}-D")
     offsets = nested_tensor.offsets()
@@ -636,7 +665,9 @@ def pad_along_dim(tensor: torch.Tensor, target_length: int, pad_value: float = 0
     """Right-pad `tensor` along `dim` to `target_length` (ValueError if it is already longer)."""
     current = tensor.shape[dim]
     if current > target_length:
-        raise ValueError(f"Cannot pad dimension {dim} from length {current} to {target_length}. Current length exceeds target length.")
+        raise ValueError(
+            f"Cannot pad dimension {dim} from length {current} to {target_length}. Current length exceeds target length."
+        )
     if current == target_length:
         return tensor
     shape = list(tensor.shape)
@@ -687,7 +718,9 @@ def allgather_dict_into_dict(data: dict, group=None) -> dict:
     return out
 
 
-def distributed_mean_max_min_std(local_tensor: torch.Tensor, compute_max: bool = True, compute_min: bool = True, compute_std: bool = True):
+def distributed_mean_max_min_std(
+    local_tensor: torch.Tensor, compute_max: bool = True, compute_min: bool = True, compute_std: bool = True
+):
     """Global (mean, max, min, std) of the elements of `local_tensor` over all ranks (None for a
     statistic that is switched off). std uses the n - 1 denominator over all elements."""
     import torch.distributed as dist

@@ -42,7 +42,9 @@ def check_backends_available(backends: list[str]) -> None:
     for name in backends:
         module = OPTIONAL_BACKENDS.get(name)
         if module and importlib.util.find_spec(module) is None:
-            raise ImportError(f"trainer.logger includes {name!r} but the package {module!r} is not installed (pip install {module})")
+            raise ImportError(
+                f"trainer.logger includes {name!r} but the package {module!r} is not installed (pip install {module})"
+            )
 
 
 def to_jsonable(v: Any) -> Any:
@@ -71,7 +73,7 @@ def format_console_line(step: int, data: dict[str, Any]) -> str:
         if key.endswith("/"):
             for k in sorted(data):
                 if k.startswith(key) and "/mean@" in k:
-                    name = k[len(key):]
+                    name = k[len(key) :]
                     parts.append(f"{label} {name} {_fmt(data[k])}")
         elif key in data:
             parts.append(f"{label} {_fmt(data[key])}")
@@ -238,8 +240,15 @@ class Tracking:
     `log_dir` is where `file` and `tensorboard` write (default `runs/<project>/<experiment>`).
     """
 
-    def __init__(self, project_name: str, experiment_name: str, default_backend: str | list[str] = "console",
-                 config: dict | None = None, log_dir: str | None = None, console_write=None):
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        default_backend: str | list[str] = "console",
+        config: dict | None = None,
+        log_dir: str | None = None,
+        console_write=None,
+    ):
         backends = [default_backend] if isinstance(default_backend, str) else list(default_backend)
         check_backends_available(backends)
         self.log_dir = log_dir or os.path.join("runs", project_name, experiment_name)
@@ -258,7 +267,9 @@ class Tracking:
             elif name == "mlflow":
                 self.loggers[name] = _MlflowLogger(project_name, experiment_name, config)
             else:
-                raise ValueError(f"trainer.logger: unknown backend {name!r}; accepted: console, file, tensorboard, wandb, mlflow")
+                raise ValueError(
+                    f"trainer.logger: unknown backend {name!r}; accepted: console, file, tensorboard, wandb, mlflow"
+                )
 
     @property
     def file_path(self) -> str | None:
@@ -296,7 +307,9 @@ class ValidationGenerationsLogger:
     def __init__(self, log_dir: str | None = None):
         self.log_dir = log_dir
 
-    def log(self, loggers: list[str], samples: list[tuple[str, str, float]], step: int, tracking: Tracking | None = None) -> None:
+    def log(
+        self, loggers: list[str], samples: list[tuple[str, str, float]], step: int, tracking: Tracking | None = None
+    ) -> None:
         if not samples:
             return
         if "console" in loggers:
@@ -308,7 +321,9 @@ class ValidationGenerationsLogger:
             os.makedirs(self.log_dir, exist_ok=True)
             with open(os.path.join(self.log_dir, "val_generations.jsonl"), "a", encoding="utf-8") as fh:
                 for inp, out, score in samples:
-                    fh.write(json.dumps({"step": step, "input": inp, "output": out, "score": to_jsonable(score)}) + "\n")
+                    fh.write(
+                        json.dumps({"step": step, "input": inp, "output": out, "score": to_jsonable(score)}) + "\n"
+                    )
         if tracking is not None and "tensorboard" in tracking.loggers:
             text = "\n\n".join(f"**input** {i}  \n**output** {o}  \n**score** {s}" for i, o, s in samples)
             tracking.loggers["tensorboard"].writer.add_text("val/generations", text, step)

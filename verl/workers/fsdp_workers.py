@@ -161,8 +161,16 @@ class _OffloadMixin:
             offload_fsdp_optimizer(optimizer)
 
 
-def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, device_name: str, world_size: int, train: bool,
-                      lora_task: str | None = None):
+def _build_fsdp_model(
+    builder,
+    path,
+    model_config: HFModelConfig,
+    fsdp_config,
+    device_name: str,
+    world_size: int,
+    train: bool,
+    lora_task: str | None = None,
+):
     """Load with `builder`, optionally enable gradient checkpointing, move to the device, shard.
 
     `lora_task` (a peft task type) with `train` and `model_config.use_lora`: the model is wrapped
@@ -191,7 +199,9 @@ def _build_fsdp_model(builder, path, model_config: HFModelConfig, fsdp_config, d
         module.requires_grad_(False)
         module.eval()
     mesh = create_device_mesh(world_size, fsdp_config.fsdp_size, device_name)
-    apply_fsdp2(module, mesh, reshard_after_forward=fsdp_config.reshard_after_forward, wrap_policy=fsdp_config.wrap_policy)
+    apply_fsdp2(
+        module, mesh, reshard_after_forward=fsdp_config.reshard_after_forward, wrap_policy=fsdp_config.wrap_policy
+    )
     return module
 
 
@@ -251,11 +261,19 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         self.actor_config: ActorConfig = _to_dataclass(_section(config, "actor"), ActorConfig)
         self.ref_config: RefConfig = _to_dataclass(_section(config, "ref"), RefConfig)
         if self._is_actor:
-            _normalize_mini_batch("actor_rollout_ref.actor", self.actor_config, self.rollout_config.n, self.world_size, "ppo_micro_batch_size_per_gpu")
+            _normalize_mini_batch(
+                "actor_rollout_ref.actor",
+                self.actor_config,
+                self.rollout_config.n,
+                self.world_size,
+                "ppo_micro_batch_size_per_gpu",
+            )
             if self.actor_config.loss_scale_factor is None:
                 # Dr.GRPO's constant divisor: the response length limit, never a micro-batch's width
                 # a copy: config dataclasses are frozen once built (BaseConfig)
-                self.actor_config = dataclasses.replace(self.actor_config, loss_scale_factor=float(self.rollout_config.response_length))
+                self.actor_config = dataclasses.replace(
+                    self.actor_config, loss_scale_factor=float(self.rollout_config.response_length)
+                )
         self.actor = None
         self.rollout = None
         self.ref_policy = None
@@ -279,9 +297,14 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         from verl.workers.actor.dp_actor import DataParallelPPOActor
 
         path = self._model_path()
-        self.tokenizer = hf_tokenizer(self.model_config.tokenizer_path or path, trust_remote_code=self.model_config.trust_remote_code,
-                                      chat_template=self.model_config.custom_chat_template)
-        self.processor = hf_processor(self.model_config.tokenizer_path or path, trust_remote_code=self.model_config.trust_remote_code)
+        self.tokenizer = hf_tokenizer(
+            self.model_config.tokenizer_path or path,
+            trust_remote_code=self.model_config.trust_remote_code,
+            chat_template=self.model_config.custom_chat_template,
+        )
+        self.processor = hf_processor(
+            self.model_config.tokenizer_path or path, trust_remote_code=self.model_config.trust_remote_code
+        )
         pad_id = self.tokenizer.pad_token_id
         fsdp_cfg = self.actor_config.fsdp_config
         self.compute_dtype = resolve_compute_dtype(fsdp_cfg, self.device_name)
@@ -292,8 +315,16 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             )
 
         if self._is_actor:
-            self.actor_module = _build_fsdp_model(build_causal_lm, path, self.model_config, fsdp_cfg, self.device_name, self.world_size, train=True,
-                                                  lora_task="CAUSAL_LM")
+            self.actor_module = _build_fsdp_model(
+                build_causal_lm,
+                path,
+                self.model_config,
+                fsdp_cfg,
+                self.device_name,
+                self.world_size,
+                train=True,
+                lora_task="CAUSAL_LM",
+            )
             self.actor_optimizer = build_optimizer(self.actor_module.parameters(), self.actor_config.optim)
             self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, self.actor_config.optim)
             self.actor = DataParallelPPOActor(
@@ -319,7 +350,9 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             self._is_ref = False
         if self._is_ref:
             ref_fsdp = self.ref_config.fsdp_config
-            self.ref_module = _build_fsdp_model(build_causal_lm, path, self.model_config, ref_fsdp, self.device_name, self.world_size, train=False)
+            self.ref_module = _build_fsdp_model(
+                build_causal_lm, path, self.model_config, ref_fsdp, self.device_name, self.world_size, train=False
+            )
             self.ref_policy = DataParallelPPOActor(
                 self.actor_config,
                 self.ref_module,
@@ -353,17 +386,26 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
                 return HFRollout(self.actor_module, cfg, compute_dtype=self.compute_dtype)
             # a separate, unsharded copy (standalone rollout role, or e.g. a bf16 copy for speed)
             dtype = engine_kwargs.get("dtype", "fp32")
-            module = build_causal_lm(path, self.model_config.override_config, dtype, self.model_config.trust_remote_code)
+            module = build_causal_lm(
+                path, self.model_config.override_config, dtype, self.model_config.trust_remote_code
+            )
             module.requires_grad_(False)
             if self.device_name == "cuda":
                 module.to(torch.device("cuda", torch.cuda.current_device()))
             owned_dtype = torch_dtype_from_name(dtype)
-            return HFRollout(module, cfg, compute_dtype=None if owned_dtype != torch.float32 else self.compute_dtype, owns_module=True)
+            return HFRollout(
+                module,
+                cfg,
+                compute_dtype=None if owned_dtype != torch.float32 else self.compute_dtype,
+                owns_module=True,
+            )
         if self._ref_from_actor():
             # an engine with its own weights (vLLM) has no adapter layers here: every sync sends
             # W + delta_W (vLLM's own LoRA path, which would send only the adapter, is not used)
             logger.info("LoRA with rollout.name=%s: the engine receives merged weights at every weight sync", cfg.name)
-        return cls(model_path=path, config=cfg, tokenizer=self.tokenizer, trust_remote_code=self.model_config.trust_remote_code)
+        return cls(
+            model_path=path, config=cfg, tokenizer=self.tokenizer, trust_remote_code=self.model_config.trust_remote_code
+        )
 
     # -- weight sync ------------------------------------------------------------------------------
 
@@ -403,10 +445,15 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         probe = self._probe()
         actor_lp, _ = self.actor.compute_log_prob(probe)
         b = probe.batch
-        rollout_lp = self.rollout.probe_log_probs(b["input_ids"], b["attention_mask"], b["position_ids"], b["responses"])
+        rollout_lp = self.rollout.probe_log_probs(
+            b["input_ids"], b["attention_mask"], b["position_ids"], b["responses"]
+        )
         diff = float((rollout_lp.float() - actor_lp.float()).abs().max())
         engine_kwargs = dict((self.rollout_config.engine_kwargs or {}).get(self.rollout_config.name, {}) or {})
-        low_precision = self.rollout_config.name != "hf" or engine_kwargs.get("dtype", "fp32") not in ("fp32", "float32")
+        low_precision = self.rollout_config.name != "hf" or engine_kwargs.get("dtype", "fp32") not in (
+            "fp32",
+            "float32",
+        )
         tol = float(engine_kwargs.get("sync_check_tol", 0.1 if low_precision else 1e-3))
         if not diff <= tol:
             raise RuntimeError(
@@ -467,7 +514,9 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob needs the actor role; this worker's role is {self.role!r}")
         rc = self.rollout_config
-        data = self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
+        data = self._log_prob_meta(
+            data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu
+        )
         self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
         log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
         self._offload(self.actor_module, None, self.actor_config.fsdp_config)
@@ -475,7 +524,11 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         if "rollout_log_probs" in data.batch.keys():
             from verl.trainer.ppo.rollout_corr_helper import compute_mismatch_metrics
 
-            metrics.update(compute_mismatch_metrics(log_probs, data.batch["rollout_log_probs"], data.batch["response_mask"], prefix="rollout_mismatch/"))
+            metrics.update(
+                compute_mismatch_metrics(
+                    log_probs, data.batch["rollout_log_probs"], data.batch["response_mask"], prefix="rollout_mismatch/"
+                )
+            )
         return DataProto.from_dict(
             tensors={"old_log_probs": log_probs, "entropys": entropys},
             meta_info={"temperature": data.meta_info["temperature"], "metrics": metrics},
@@ -489,7 +542,9 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             return self._lora_ref_log_prob(data)
         if self.ref_policy is None:
             raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
-        data = self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
+        data = self._log_prob_meta(
+            data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu
+        )
         self._load_to_device(self.ref_module, None, rc.fsdp_config)
         log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         self._offload(self.ref_module, None, rc.fsdp_config)
@@ -500,7 +555,9 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         model the adapter was put on; with `lora_adapter_path`, the base without that adapter).
         Micro-batching follows `ref.log_prob_*`."""
         rc = self.ref_config
-        data = self._log_prob_meta(data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu)
+        data = self._log_prob_meta(
+            data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu
+        )
         self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
         with self.actor_module.disable_adapter():
             log_probs, _ = self.actor.compute_log_prob(data, calculate_entropy=False)
@@ -545,7 +602,9 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         if self.actor is None:
             raise RuntimeError(f"save_checkpoint needs the actor role; this worker's role is {self.role!r}")
         self._load_to_device(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
-        self.checkpoint_manager.save_checkpoint(local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
+        self.checkpoint_manager.save_checkpoint(
+            local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep
+        )
         self._offload(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -554,7 +613,9 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         if self.actor is None:
             raise RuntimeError(f"load_checkpoint needs the actor role; this worker's role is {self.role!r}")
         self._load_to_device(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
-        meta = self.checkpoint_manager.load_checkpoint(local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load)
+        meta = self.checkpoint_manager.load_checkpoint(
+            local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load
+        )
         self._weights_version += 1
         self._offload(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
         return meta
@@ -581,7 +642,9 @@ class CriticWorker(Worker, _OffloadMixin):
         self.device_name = _setup_process(self)
         self.config: CriticConfig = _to_dataclass(config, CriticConfig)
         import_external_libs(self.config.model.external_lib)
-        _normalize_mini_batch("critic", self.config, self.config.rollout_n, self.world_size, "ppo_micro_batch_size_per_gpu")
+        _normalize_mini_batch(
+            "critic", self.config, self.config.rollout_n, self.world_size, "ppo_micro_batch_size_per_gpu"
+        )
         self.critic = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -591,10 +654,13 @@ class CriticWorker(Worker, _OffloadMixin):
 
         mc = self.config.model
         path = resolve_model_path(mc.path)
-        self.tokenizer = hf_tokenizer(mc.tokenizer_path or path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template)
+        self.tokenizer = hf_tokenizer(
+            mc.tokenizer_path or path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template
+        )
         fsdp_cfg = self.config.fsdp_config
-        self.critic_module = _build_fsdp_model(build_value_model, path, mc, fsdp_cfg, self.device_name, self.world_size, train=True,
-                                               lora_task="TOKEN_CLS")
+        self.critic_module = _build_fsdp_model(
+            build_value_model, path, mc, fsdp_cfg, self.device_name, self.world_size, train=True, lora_task="TOKEN_CLS"
+        )
         self.critic_optimizer = build_optimizer(self.critic_module.parameters(), self.config.optim)
         self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, self.config.optim)
         self.critic = DataParallelPPOCritic(
@@ -606,7 +672,11 @@ class CriticWorker(Worker, _OffloadMixin):
             pad_token_id=self.tokenizer.pad_token_id,
         )
         self.checkpoint_manager = FSDPCheckpointManager(
-            self.critic_module, self.critic_optimizer, self.critic_lr_scheduler, processing_class=self.tokenizer, checkpoint_config=self.config.checkpoint
+            self.critic_module,
+            self.critic_optimizer,
+            self.critic_lr_scheduler,
+            processing_class=self.tokenizer,
+            checkpoint_config=self.config.checkpoint,
         )
         self._offload(self.critic_module, self.critic_optimizer, fsdp_cfg)
 
@@ -641,13 +711,17 @@ class CriticWorker(Worker, _OffloadMixin):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
         self._load_to_device(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
-        self.checkpoint_manager.save_checkpoint(local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
+        self.checkpoint_manager.save_checkpoint(
+            local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep
+        )
         self._offload(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
         self._load_to_device(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
-        meta = self.checkpoint_manager.load_checkpoint(local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load)
+        meta = self.checkpoint_manager.load_checkpoint(
+            local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load
+        )
         self._offload(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
         return meta
 
@@ -682,13 +756,17 @@ class RewardModelWorker(Worker, _OffloadMixin):
 
         mc = self.config.model
         if mc.path is None:
-            raise ValueError("reward_model.enable=True needs reward_model.model.path: a sequence-classification reward model directory")
+            raise ValueError(
+                "reward_model.enable=True needs reward_model.model.path: a sequence-classification reward model directory"
+            )
         if mc.use_lora:
             raise ValueError(
                 f"reward_model.model.lora_rank={mc.lora_rank} / lora_adapter_path={mc.lora_adapter_path!r}: the reward model is "
                 "frozen and takes no adapter; merge a LoRA reward model into its base first (PeftModel.merge_and_unload)"
             )
-        self.rm_tokenizer = hf_tokenizer(mc.tokenizer_path or mc.path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template)
+        self.rm_tokenizer = hf_tokenizer(
+            mc.tokenizer_path or mc.path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template
+        )
         # the policy's tokenizer (null = the embedded default policy, as the yaml interpolates the
         # actor's model.path); responses are re-templated only when it differs from the RM's
         input_tokenizer = None
@@ -701,7 +779,9 @@ class RewardModelWorker(Worker, _OffloadMixin):
             if not _same_tokenizer(policy_tok, self.rm_tokenizer):
                 input_tokenizer = policy_tok
         fsdp_cfg = self.config.fsdp_config
-        self.rm_module = _build_fsdp_model(build_reward_model, mc.path, mc, fsdp_cfg, self.device_name, self.world_size, train=False)
+        self.rm_module = _build_fsdp_model(
+            build_reward_model, mc.path, mc, fsdp_cfg, self.device_name, self.world_size, train=False
+        )
         self.reward_model = DataParallelRewardModel(
             self.config,
             self.rm_module,

@@ -82,7 +82,16 @@ class Execute(DynamicEnum):
     _next_value = 0
 
 
-for _name in ("RANK_ZERO", "ONE_TO_ALL", "ALL_TO_ALL", "DP_COMPUTE", "DP_COMPUTE_PROTO", "DP_COMPUTE_PROTO_WITH_FUNC", "DP_COMPUTE_METRIC", "DIRECT_ROLLOUT_METHOD"):
+for _name in (
+    "RANK_ZERO",
+    "ONE_TO_ALL",
+    "ALL_TO_ALL",
+    "DP_COMPUTE",
+    "DP_COMPUTE_PROTO",
+    "DP_COMPUTE_PROTO_WITH_FUNC",
+    "DP_COMPUTE_METRIC",
+    "DIRECT_ROLLOUT_METHOD",
+):
     Dispatch.register(_name)
 for _name in ("ALL", "RANK_ZERO"):
     Execute.register(_name)
@@ -112,12 +121,22 @@ def _check_per_worker(worker_group, args, kwargs, what: str):
     n = worker_group.world_size
     for i, arg in enumerate(args):
         if not isinstance(arg, (list, tuple)) or len(arg) != n:
-            got = f"a {type(arg).__name__} of length {len(arg)}" if isinstance(arg, (list, tuple)) else f"a {type(arg).__name__}"
-            raise ValueError(f"{what}: positional argument {i} must be a list with one entry per worker ({n}), got {got}")
+            got = (
+                f"a {type(arg).__name__} of length {len(arg)}"
+                if isinstance(arg, (list, tuple))
+                else f"a {type(arg).__name__}"
+            )
+            raise ValueError(
+                f"{what}: positional argument {i} must be a list with one entry per worker ({n}), got {got}"
+            )
     for k, v in kwargs.items():
         if not isinstance(v, (list, tuple)) or len(v) != n:
-            got = f"a {type(v).__name__} of length {len(v)}" if isinstance(v, (list, tuple)) else f"a {type(v).__name__}"
-            raise ValueError(f"{what}: keyword argument {k!r} must be a list with one entry per worker ({n}), got {got}")
+            got = (
+                f"a {type(v).__name__} of length {len(v)}" if isinstance(v, (list, tuple)) else f"a {type(v).__name__}"
+            )
+            raise ValueError(
+                f"{what}: keyword argument {k!r} must be a list with one entry per worker ({n}), got {got}"
+            )
 
 
 def dispatch_dp_compute(worker_group, *args, **kwargs):
@@ -136,12 +155,16 @@ def _split_args_kwargs_data_proto(chunks: int, *args, **kwargs):
     split_args = []
     for i, arg in enumerate(args):
         if not isinstance(arg, (DataProto, DataProtoFuture)):
-            raise TypeError(f"positional argument {i} is a {type(arg).__name__}; this dispatch mode needs DataProto or DataProtoFuture arguments")
+            raise TypeError(
+                f"positional argument {i} is a {type(arg).__name__}; this dispatch mode needs DataProto or DataProtoFuture arguments"
+            )
         split_args.append(arg.chunk(chunks=chunks))
     split_kwargs = {}
     for k, v in kwargs.items():
         if not isinstance(v, (DataProto, DataProtoFuture)):
-            raise TypeError(f"keyword argument {k!r} is a {type(v).__name__}; this dispatch mode needs DataProto or DataProtoFuture arguments")
+            raise TypeError(
+                f"keyword argument {k!r} is a {type(v).__name__}; this dispatch mode needs DataProto or DataProtoFuture arguments"
+            )
         split_kwargs[k] = v.chunk(chunks=chunks)
     return split_args, split_kwargs
 
@@ -160,7 +183,9 @@ def _split_args_kwargs_data_proto_with_auto_padding(chunks: int, *args, **kwargs
                 pad = (-length) % chunks
             elif len(value) != length:
                 name = "positional argument" if key is None else f"keyword argument {key!r}"
-                raise ValueError(f"auto padding needs all DataProto arguments to have the same length; {name} has {len(value)} rows, an earlier one {length}")
+                raise ValueError(
+                    f"auto padding needs all DataProto arguments to have the same length; {name} has {len(value)} rows, an earlier one {length}"
+                )
             if pad:
                 value, _ = pad_dataproto_to_divisor(value, chunks)
         if key is None:
@@ -234,13 +259,17 @@ def dispatch_nd_compute_dataproto(dp_rank_mapping: list[int], dp_size: int, work
     return dispatch_nd_compute(dp_rank_mapping, dp_size, worker_group, *split_args, **split_kwargs)
 
 
-def collect_nd_compute_dataproto(collect_mask: list[bool], worker_group, output, dp_rank_mapping: list[int] | None = None):
+def collect_nd_compute_dataproto(
+    collect_mask: list[bool], worker_group, output, dp_rank_mapping: list[int] | None = None
+):
     kept = collect_nd_compute(collect_mask, worker_group, output)
     if dp_rank_mapping is not None:
         # concatenate in data-parallel order even if the collect ranks are not sorted by dp rank
         dp_of_kept = [dp for dp, keep in zip(dp_rank_mapping, collect_mask) if keep]
         if sorted(dp_of_kept) != list(range(len(dp_of_kept))):
-            raise ValueError(f"the collect ranks must hold each data-parallel rank exactly once; their dp ranks are {dp_of_kept}")
+            raise ValueError(
+                f"the collect ranks must hold each data-parallel rank exactly once; their dp ranks are {dp_of_kept}"
+            )
         kept = [o for _, o in sorted(zip(dp_of_kept, kept), key=lambda pair: pair[0])]
     return _concat_data_proto_or_future(kept)
 
@@ -271,7 +300,9 @@ def collect_lazy_compute_data_proto(mesh_name: str, worker_group, output):
         if len(mask) != worker_group.world_size:
             raise ValueError(f"mesh {mesh_name!r}: got {len(mask)} collect flags for {worker_group.world_size} workers")
         worker_group._collect_info[mesh_name] = mask
-    return collect_nd_compute_dataproto(worker_group._collect_info[mesh_name], worker_group, output, dp_rank_mapping=mapping)
+    return collect_nd_compute_dataproto(
+        worker_group._collect_info[mesh_name], worker_group, output, dp_rank_mapping=mapping
+    )
 
 
 def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> dict[str, Callable]:
@@ -282,11 +313,16 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> dict[str, Callable]
     parallel replicas see the same data), and only the collect ranks' outputs are concatenated
     (in dp order).
     """
-    return {"dispatch_fn": partial(dispatch_lazy_compute_data_proto, mesh_name), "collect_fn": partial(collect_lazy_compute_data_proto, mesh_name)}
+    return {
+        "dispatch_fn": partial(dispatch_lazy_compute_data_proto, mesh_name),
+        "collect_fn": partial(collect_lazy_compute_data_proto, mesh_name),
+    }
 
 
 def _forbidden_direct_call(worker_group, *args, **kwargs):
-    raise NotImplementedError("this method is marked Dispatch.DIRECT_ROLLOUT_METHOD and cannot be called through the worker group")
+    raise NotImplementedError(
+        "this method is marked Dispatch.DIRECT_ROLLOUT_METHOD and cannot be called through the worker group"
+    )
 
 
 DISPATCH_MODE_FN_REGISTRY: dict[Any, dict[str, Callable]] = {
@@ -294,8 +330,14 @@ DISPATCH_MODE_FN_REGISTRY: dict[Any, dict[str, Callable]] = {
     Dispatch.ONE_TO_ALL: {"dispatch_fn": dispatch_one_to_all, "collect_fn": collect_all_to_all},
     Dispatch.ALL_TO_ALL: {"dispatch_fn": dispatch_all_to_all, "collect_fn": collect_all_to_all},
     Dispatch.DP_COMPUTE: {"dispatch_fn": dispatch_dp_compute, "collect_fn": collect_dp_compute},
-    Dispatch.DP_COMPUTE_PROTO: {"dispatch_fn": dispatch_dp_compute_data_proto, "collect_fn": collect_dp_compute_data_proto},
-    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: {"dispatch_fn": dispatch_dp_compute_data_proto_with_func, "collect_fn": collect_dp_compute_data_proto},
+    Dispatch.DP_COMPUTE_PROTO: {
+        "dispatch_fn": dispatch_dp_compute_data_proto,
+        "collect_fn": collect_dp_compute_data_proto,
+    },
+    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: {
+        "dispatch_fn": dispatch_dp_compute_data_proto_with_func,
+        "collect_fn": collect_dp_compute_data_proto,
+    },
     Dispatch.DP_COMPUTE_METRIC: {"dispatch_fn": dispatch_dp_compute_data_proto, "collect_fn": collect_dp_compute},
     Dispatch.DIRECT_ROLLOUT_METHOD: {"dispatch_fn": _forbidden_direct_call, "collect_fn": _forbidden_direct_call},
 }
@@ -306,7 +348,9 @@ def get_predefined_dispatch_fn(dispatch_mode) -> dict[str, Callable]:
     try:
         return DISPATCH_MODE_FN_REGISTRY[dispatch_mode]
     except KeyError:
-        raise KeyError(f"no dispatch functions registered for {dispatch_mode!r}; known: {[m.name for m in DISPATCH_MODE_FN_REGISTRY]}") from None
+        raise KeyError(
+            f"no dispatch functions registered for {dispatch_mode!r}; known: {[m.name for m in DISPATCH_MODE_FN_REGISTRY]}"
+        ) from None
 
 
 def register_dispatch_mode(dispatch_mode_name: str, dispatch_fn: Callable, collect_fn: Callable):
@@ -325,7 +369,10 @@ def update_dispatch_mode(dispatch_mode, dispatch_fn: Callable, collect_fn: Calla
 
 def get_predefined_execute_fn(execute_mode) -> dict[str, str]:
     """``{"execute_fn_name": ...}``: the WorkerGroup method that runs a call in this mode."""
-    table = {Execute.ALL: {"execute_fn_name": "execute_all"}, Execute.RANK_ZERO: {"execute_fn_name": "execute_rank_zero"}}
+    table = {
+        Execute.ALL: {"execute_fn_name": "execute_all"},
+        Execute.RANK_ZERO: {"execute_fn_name": "execute_rank_zero"},
+    }
     if execute_mode not in table:
         raise KeyError(f"unknown execute mode {execute_mode!r}; known: {[m.name for m in table]}")
     return table[execute_mode]
@@ -337,9 +384,13 @@ def _check_dispatch_mode(dispatch_mode) -> None:
     if isinstance(dispatch_mode, dict):
         for key in ("dispatch_fn", "collect_fn"):
             if not callable(dispatch_mode.get(key)):
-                raise ValueError(f"a custom dispatch mode must be a dict with callables 'dispatch_fn' and 'collect_fn'; {key!r} is {dispatch_mode.get(key)!r}")
+                raise ValueError(
+                    f"a custom dispatch mode must be a dict with callables 'dispatch_fn' and 'collect_fn'; {key!r} is {dispatch_mode.get(key)!r}"
+                )
         return
-    raise TypeError(f"dispatch_mode must be a Dispatch member or a dict {{'dispatch_fn', 'collect_fn'}}, got {dispatch_mode!r}")
+    raise TypeError(
+        f"dispatch_mode must be a Dispatch member or a dict {{'dispatch_fn', 'collect_fn'}}, got {dispatch_mode!r}"
+    )
 
 
 def _check_execute_mode(execute_mode) -> None:
@@ -353,7 +404,9 @@ def _materialize_futures(*args, **kwargs):
     return args, kwargs
 
 
-def register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.ALL, blocking: bool = True, materialize_futures: bool = True):
+def register(
+    dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.ALL, blocking: bool = True, materialize_futures: bool = True
+):
     """Mark a `Worker` method as callable through its worker group.
 
     Args:
@@ -386,7 +439,16 @@ def register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.ALL, blocki
                     args, kwargs = _materialize_futures(*args, **kwargs)
                 return func(*args, **kwargs)
 
-        setattr(wrapper, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode, "blocking": blocking, "materialize_futures": materialize_futures})
+        setattr(
+            wrapper,
+            MAGIC_ATTR,
+            {
+                "dispatch_mode": dispatch_mode,
+                "execute_mode": execute_mode,
+                "blocking": blocking,
+                "materialize_futures": materialize_futures,
+            },
+        )
         return wrapper
 
     return decorator

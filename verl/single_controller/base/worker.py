@@ -82,7 +82,9 @@ def init_process_group_if_needed(backend: str | None = None, timeout_s: float = 
         return False
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
     if missing:
-        raise RuntimeError(f"cannot create the process group: environment variables {missing} are not set (a RayWorkerGroup sets them for its workers)")
+        raise RuntimeError(
+            f"cannot create the process group: environment variables {missing} are not set (a RayWorkerGroup sets them for its workers)"
+        )
     backend = backend or get_dist_backend()
     if "nccl" in backend and is_cuda_available:
         get_torch_device().set_device(_local_device_index())
@@ -150,7 +152,9 @@ class Worker(WorkerHelper):
         return self.__dict__.get("_local_rank", _env_int("LOCAL_RANK", 0))
 
     def get_master_addr_port(self) -> tuple[str | None, str | None]:
-        return self.__dict__.get("_master_addr", os.environ.get("MASTER_ADDR")), self.__dict__.get("_master_port", os.environ.get("MASTER_PORT"))
+        return self.__dict__.get("_master_addr", os.environ.get("MASTER_ADDR")), self.__dict__.get(
+            "_master_port", os.environ.get("MASTER_PORT")
+        )
 
     def get_cuda_visible_devices(self) -> str:
         return os.environ.get("CUDA_VISIBLE_DEVICES", "not set")
@@ -180,14 +184,18 @@ class Worker(WorkerHelper):
     def _query_dispatch_info(self, mesh_name: str) -> int:
         dispatch, _ = self._mesh_tables()
         if mesh_name not in dispatch:
-            raise KeyError(f"mesh {mesh_name!r} is not registered on rank {self.rank} of {type(self).__name__}; registered: {sorted(dispatch)}")
+            raise KeyError(
+                f"mesh {mesh_name!r} is not registered on rank {self.rank} of {type(self).__name__}; registered: {sorted(dispatch)}"
+            )
         return dispatch[mesh_name]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def _query_collect_info(self, mesh_name: str) -> bool:
         _, collect = self._mesh_tables()
         if mesh_name not in collect:
-            raise KeyError(f"mesh {mesh_name!r} is not registered on rank {self.rank} of {type(self).__name__}; registered: {sorted(collect)}")
+            raise KeyError(
+                f"mesh {mesh_name!r} is not registered on rank {self.rank} of {type(self).__name__}; registered: {sorted(collect)}"
+            )
         return collect[mesh_name]
 
     # ------------------------------------------------------------------ generic remote execution

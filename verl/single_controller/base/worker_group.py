@@ -12,7 +12,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch, get_predefined_dispatch_fn, get_predefined_execute_fn
+from verl.single_controller.base.decorator import (
+    MAGIC_ATTR,
+    Dispatch,
+    get_predefined_dispatch_fn,
+    get_predefined_execute_fn,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +35,9 @@ class ResourcePool:
         n_gpus_per_node: GPUs per node (informational; used by upstream-style callers).
     """
 
-    def __init__(self, process_on_nodes: list[int] | None = None, max_colocate_count: int = 10, n_gpus_per_node: int = 8) -> None:
+    def __init__(
+        self, process_on_nodes: list[int] | None = None, max_colocate_count: int = 10, n_gpus_per_node: int = 8
+    ) -> None:
         process_on_nodes = list(process_on_nodes or [])
         for i, n in enumerate(process_on_nodes):
             if not isinstance(n, int) or n <= 0:
@@ -131,13 +138,24 @@ class WorkerGroup:
                 raise TypeError(f"{user_defined_cls.__name__}.{name}: invalid dispatch mode {dispatch_mode!r}")
             execute_fn_name = get_predefined_execute_fn(attrs["execute_mode"])["execute_fn_name"]
             execute_fn = getattr(self, execute_fn_name)
-            proxy = func_generator(self, name, dispatch_fn=fns["dispatch_fn"], collect_fn=fns["collect_fn"], execute_fn=execute_fn, blocking=attrs["blocking"])
+            proxy = func_generator(
+                self,
+                name,
+                dispatch_fn=fns["dispatch_fn"],
+                collect_fn=fns["collect_fn"],
+                execute_fn=execute_fn,
+                blocking=attrs["blocking"],
+            )
             if name not in self.__dict__ and hasattr(type(self), name):
-                logger.warning("%s.%s shadows the worker group's own attribute of that name", user_defined_cls.__name__, name)
+                logger.warning(
+                    "%s.%s shadows the worker group's own attribute of that name", user_defined_cls.__name__, name
+                )
             try:
                 setattr(self, name, proxy)
             except AttributeError as err:
-                raise ValueError(f"cannot expose {user_defined_cls.__name__}.{name} on the worker group: the name is a read-only attribute of {type(self).__name__}") from err
+                raise ValueError(
+                    f"cannot expose {user_defined_cls.__name__}.{name} on the worker group: the name is a read-only attribute of {type(self).__name__}"
+                ) from err
             bound.append(name)
         self._bound_methods = bound
         return bound

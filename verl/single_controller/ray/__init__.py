@@ -8,4 +8,10 @@ from verl.single_controller.ray.base import (
     create_colocated_worker_cls,
 )
 
-__all__ = ["RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "WorkerCallError", "create_colocated_worker_cls"]
+__all__ = [
+    "RayClassWithInitArgs",
+    "RayResourcePool",
+    "RayWorkerGroup",
+    "WorkerCallError",
+    "create_colocated_worker_cls",
+]

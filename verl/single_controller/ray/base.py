@@ -28,7 +28,15 @@ from ray.exceptions import GetTimeoutError
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from verl.protocol import DataProto, DataProtoFuture, WorkerCallError, _padding_size_key, _ray_get_labeled, _RefLabel, unpad_dataproto
+from verl.protocol import (
+    DataProto,
+    DataProtoFuture,
+    WorkerCallError,
+    _padding_size_key,
+    _ray_get_labeled,
+    _RefLabel,
+    unpad_dataproto,
+)
 from verl.single_controller.base.decorator import MAGIC_ATTR
 from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker, WorkerHelper
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
@@ -120,13 +128,17 @@ class RayResourcePool(ResourcePool):
         bundle: dict[str, float] = {"CPU": self.num_cpus_per_worker}
         if self.use_gpu:
             if device_name not in ("cuda", "gpu"):
-                raise ValueError(f"device_name {device_name!r} is not supported; this implementation schedules CUDA GPUs only")
+                raise ValueError(
+                    f"device_name {device_name!r} is not supported; this implementation schedules CUDA GPUs only"
+                )
             bundle["GPU"] = 1
             if self.accelerator_type:
                 bundle[f"accelerator_type:{self.accelerator_type}"] = 1e-4
         return bundle
 
-    def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str = "cuda") -> list[PlacementGroup]:
+    def get_placement_groups(
+        self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str = "cuda"
+    ) -> list[PlacementGroup]:
         """Reserve the slots (once; later calls return the same placement groups)."""
         if self.pgs is not None:
             return self.pgs
@@ -137,7 +149,12 @@ class RayResourcePool(ResourcePool):
         name = name or f"{prefix}verl_group_{'_'.join(map(str, self._store))}:"
         bundle = self.bundle(device_name)
         lifetime = "detached" if self.detached else None
-        pgs = [placement_group([dict(bundle) for _ in range(count)], strategy=strategy, name=f"{name}{i}", lifetime=lifetime) for i, count in enumerate(self._store)]
+        pgs = [
+            placement_group(
+                [dict(bundle) for _ in range(count)], strategy=strategy, name=f"{name}{i}", lifetime=lifetime
+            )
+            for i, count in enumerate(self._store)
+        ]
         try:
             ray.get([pg.ready() for pg in pgs], timeout=self.placement_timeout_s)
         except GetTimeoutError:
@@ -213,9 +230,13 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         lifetime: str | None = None,
     ):
         if sharing_with is not None:
-            raise NotImplementedError("sharing_with is not supported; colocate roles with create_colocated_worker_cls instead")
+            raise NotImplementedError(
+                "sharing_with is not supported; colocate roles with create_colocated_worker_cls instead"
+            )
         options: dict[str, Any] = dict(self._options)
-        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement_group=placement_group, placement_group_bundle_index=placement_group_bundle_idx)
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group, placement_group_bundle_index=placement_group_bundle_idx
+        )
         if num_cpus is not None:
             options["num_cpus"] = num_cpus
         if use_gpu:
@@ -259,7 +280,9 @@ def func_generator(self: RayWorkerGroup, method_name: str, dispatch_fn, collect_
         pad = kwargs.pop(_padding_size_key, 0)
         refs = execute_fn(method_name, *args, **kwargs)
         ref_list = refs if isinstance(refs, list) else [refs]
-        labels = {ref: self._label(rank if isinstance(refs, list) else 0, method_name) for rank, ref in enumerate(ref_list)}
+        labels = {
+            ref: self._label(rank if isinstance(refs, list) else 0, method_name) for rank, ref in enumerate(ref_list)
+        }
         if blocking:
             values = _ray_get_labeled(ref_list, [labels[r] for r in ref_list], timeout=self.call_timeout_s)
             output = values if isinstance(refs, list) else values[0]
@@ -326,14 +349,20 @@ class RayWorkerGroup(WorkerGroup):
         if call_timeout_s is None and os.environ.get(CALL_TIMEOUT_ENV):
             call_timeout_s = float(os.environ[CALL_TIMEOUT_ENV])
         self.call_timeout_s = call_timeout_s
-        self.ready_timeout_s = float(ready_timeout_s if ready_timeout_s is not None else ray_wait_register_center_timeout)
+        self.ready_timeout_s = float(
+            ready_timeout_s if ready_timeout_s is not None else ray_wait_register_center_timeout
+        )
         self.user_cls = _unwrap_actor_class(ray_cls_with_init.cls) if ray_cls_with_init is not None else None
         self._resource_pool = resource_pool
         if worker_names is not None or worker_handles is not None:
             if resource_pool is not None:
-                raise ValueError("pass either a resource_pool (new workers) or worker_names/worker_handles (existing workers), not both")
+                raise ValueError(
+                    "pass either a resource_pool (new workers) or worker_names/worker_handles (existing workers), not both"
+                )
             self._worker_names = list(worker_names or [])
-            self._workers = list(worker_handles) if worker_handles is not None else [ray.get_actor(n) for n in self._worker_names]
+            self._workers = (
+                list(worker_handles) if worker_handles is not None else [ray.get_actor(n) for n in self._worker_names]
+            )
         elif resource_pool is not None:
             if ray_cls_with_init is None:
                 raise ValueError("ray_cls_with_init is required to create workers on a resource pool")
@@ -343,10 +372,21 @@ class RayWorkerGroup(WorkerGroup):
 
     # ------------------------------------------------------------------ creation
 
-    def _init_with_resource_pool(self, resource_pool: RayResourcePool, ray_cls_with_init: RayClassWithInitArgs, bin_pack: bool, detached: bool, num_threads_per_worker: int | None) -> None:
+    def _init_with_resource_pool(
+        self,
+        resource_pool: RayResourcePool,
+        ray_cls_with_init: RayClassWithInitArgs,
+        bin_pack: bool,
+        detached: bool,
+        num_threads_per_worker: int | None,
+    ) -> None:
         if resource_pool._groups_placed >= resource_pool.max_colocate_count:
-            raise RuntimeError(f"the resource pool already hosts {resource_pool._groups_placed} worker groups = max_colocate_count; create the pool with a larger max_colocate_count")
-        pgs = resource_pool.get_placement_groups(strategy="STRICT_PACK" if bin_pack else "PACK", device_name=self.device_name)
+            raise RuntimeError(
+                f"the resource pool already hosts {resource_pool._groups_placed} worker groups = max_colocate_count; create the pool with a larger max_colocate_count"
+            )
+        pgs = resource_pool.get_placement_groups(
+            strategy="STRICT_PACK" if bin_pack else "PACK", device_name=self.device_name
+        )
         world_size = resource_pool.world_size
         share = 1.0 / resource_pool.max_colocate_count
         num_cpus = _floor4(resource_pool.num_cpus_per_worker * share)
@@ -406,7 +446,11 @@ class RayWorkerGroup(WorkerGroup):
         if node_id == ray.get_runtime_context().get_node_id():
             return address, WorkerHelper._get_free_port()
         # another node: ask a zero-CPU task there for a free port
-        port = ray.get(_free_port_on_this_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)).remote())
+        port = ray.get(
+            _free_port_on_this_node.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+            ).remote()
+        )
         return address, port
 
     def _wait_until_ready(self) -> None:
@@ -417,7 +461,9 @@ class RayWorkerGroup(WorkerGroup):
             _ray_get_labeled(refs, labels, timeout=self.ready_timeout_s)
         except TimeoutError as err:
             self.kill_workers()  # the group is unusable: leave no half-started actors behind
-            raise TimeoutError(f"{err}. The workers were still being scheduled or still in __init__; free Ray resources: {ray.available_resources()}") from None
+            raise TimeoutError(
+                f"{err}. The workers were still being scheduled or still in __init__; free Ray resources: {ray.available_resources()}"
+            ) from None
         except WorkerCallError:
             self.kill_workers()
             raise
@@ -428,16 +474,36 @@ class RayWorkerGroup(WorkerGroup):
         return _RefLabel(f"{cls_name}.{method_name} on rank {rank} (actor {actor})", rank, method_name)
 
     @classmethod
-    def from_detached(cls, name_prefix: str | None = None, worker_names: list[str] | None = None, worker_handles: list | None = None, ray_cls_with_init: RayClassWithInitArgs | None = None, **kwargs) -> RayWorkerGroup:
+    def from_detached(
+        cls,
+        name_prefix: str | None = None,
+        worker_names: list[str] | None = None,
+        worker_handles: list | None = None,
+        ray_cls_with_init: RayClassWithInitArgs | None = None,
+        **kwargs,
+    ) -> RayWorkerGroup:
         """A group over existing actors (by name or handle)."""
-        return cls(resource_pool=None, ray_cls_with_init=ray_cls_with_init, name_prefix=name_prefix, worker_names=worker_names, worker_handles=worker_handles, **kwargs)
+        return cls(
+            resource_pool=None,
+            ray_cls_with_init=ray_cls_with_init,
+            name_prefix=name_prefix,
+            worker_names=worker_names,
+            worker_handles=worker_handles,
+            **kwargs,
+        )
 
     def spawn(self, prefix_set) -> dict[str, RayWorkerGroup]:
         """For a colocated group (`create_colocated_worker_cls`): one group per role over the same
         actors, exposing that role's methods under their own names."""
         groups = {}
         for prefix in prefix_set:
-            group = self.from_detached(name_prefix=self.name_prefix, worker_names=self._worker_names, worker_handles=self._workers, ray_cls_with_init=self.ray_cls_with_init, call_timeout_s=self.call_timeout_s)
+            group = self.from_detached(
+                name_prefix=self.name_prefix,
+                worker_names=self._worker_names,
+                worker_handles=self._workers,
+                ray_cls_with_init=self.ray_cls_with_init,
+                call_timeout_s=self.call_timeout_s,
+            )
             group._master_addr, group._master_port = self._master_addr, self._master_port
             head = f"{prefix}_"
             for method_name in list(group._bound_methods):
@@ -452,7 +518,9 @@ class RayWorkerGroup(WorkerGroup):
         try:
             method = getattr(worker, method_name)
         except AttributeError:
-            raise AttributeError(f"worker class {self.user_cls.__name__ if self.user_cls else '?'} has no method {method_name!r}") from None
+            raise AttributeError(
+                f"worker class {self.user_cls.__name__ if self.user_cls else '?'} has no method {method_name!r}"
+            ) from None
         return method.remote(*args, **kwargs)
 
     def execute_rank_zero_async(self, method_name: str, *args, **kwargs):
@@ -470,20 +538,29 @@ class RayWorkerGroup(WorkerGroup):
 
     def execute_all_sync(self, method_name: str, *args, **kwargs):
         refs = self.execute_all_async(method_name, *args, **kwargs)
-        return _ray_get_labeled(refs, [self._label(r, method_name) for r in range(len(refs))], timeout=self.call_timeout_s)
+        return _ray_get_labeled(
+            refs, [self._label(r, method_name) for r in range(len(refs))], timeout=self.call_timeout_s
+        )
 
     def execute_all_async(self, method_name: str, *args, **kwargs) -> list:
         """Call `method_name` on every worker. When every argument is a list with one entry per
         worker, worker i gets entry i; otherwise every worker gets all arguments unchanged."""
         n = len(self._workers)
-        scatter = all(isinstance(a, list) and len(a) == n for a in args) and all(isinstance(v, list) and len(v) == n for v in kwargs.values())
+        scatter = all(isinstance(a, list) and len(a) == n for a in args) and all(
+            isinstance(v, list) and len(v) == n for v in kwargs.values()
+        )
         if not scatter:
             args = tuple([a] * n for a in args)
             kwargs = {k: [v] * n for k, v in kwargs.items()}
         # An object sent to every worker is put into the object store once, not serialised n times.
         args = tuple(self._share_if_repeated(a) for a in args)
         kwargs = {k: self._share_if_repeated(v) for k, v in kwargs.items()}
-        return [self._execute_remote_single_worker(w, method_name, *(a[i] for a in args), **{k: v[i] for k, v in kwargs.items()}) for i, w in enumerate(self._workers)]
+        return [
+            self._execute_remote_single_worker(
+                w, method_name, *(a[i] for a in args), **{k: v[i] for k, v in kwargs.items()}
+            )
+            for i, w in enumerate(self._workers)
+        ]
 
     @staticmethod
     def _share_if_repeated(per_worker: list) -> list:
@@ -572,7 +649,11 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
             args, kwargs = role_init[role]
             self.worker_dict[role] = user_cls(*args, **kwargs)
 
-    namespace: dict[str, Any] = {"__init__": __init__, "__module__": __name__, "__doc__": f"Colocated roles {sorted(role_classes)} in one process."}
+    namespace: dict[str, Any] = {
+        "__init__": __init__,
+        "__module__": __name__,
+        "__doc__": f"Colocated roles {sorted(role_classes)} in one process.",
+    }
     for role, user_cls in role_classes.items():
         for name in dir(user_cls):
             try:
@@ -582,7 +663,9 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
             if callable(method) and hasattr(method, MAGIC_ATTR):
                 combined_name = f"{role}_{name}"
                 if combined_name in namespace:
-                    raise ValueError(f"colocated method name {combined_name!r} is produced by two roles; rename a role or a method")
+                    raise ValueError(
+                        f"colocated method name {combined_name!r} is produced by two roles; rename a role or a method"
+                    )
                 namespace[combined_name] = _role_method(role, name, method)
     worker_dict_cls = type("WorkerDict", (Worker,), namespace)
     options: dict[str, Any] = {}

@@ -100,7 +100,13 @@ class RolloutCorrectionConfig(BaseConfig):
     def __post_init__(self):
         check_choice("algorithm.rollout_correction", "rollout_is", self.rollout_is, (None, "token", "sequence"))
         if not isinstance(self.rollout_is_threshold, str):
-            check_range("algorithm.rollout_correction", "rollout_is_threshold", self.rollout_is_threshold, low=0.0, low_open=True)
+            check_range(
+                "algorithm.rollout_correction",
+                "rollout_is_threshold",
+                self.rollout_is_threshold,
+                low=0.0,
+                low_open=True,
+            )
         check_choice("algorithm.rollout_correction", "loss_type", self.loss_type, ("ppo_clip", "reinforce"))
 
 
@@ -139,4 +145,6 @@ class AlgoConfig(BaseConfig):
         if isinstance(self.lam, (int, float)) and not isinstance(self.lam, bool):
             check_range("algorithm", "lam", self.lam, low=0.0, high=1.0)
         elif not isinstance(self.lam, str):
-            raise ValueError(f"algorithm.lam={self.lam!r} must be a float in [0, 1] or the name/path of a lambda function")
+            raise ValueError(
+                f"algorithm.lam={self.lam!r} must be a float in [0, 1] or the name/path of a lambda function"
+            )

@@ -19,9 +19,7 @@ class CustomClassConfig(BaseConfig):
 
     def __post_init__(self):
         if (self.path is None) != (self.name is None):
-            raise ValueError(
-                f"data.custom_cls needs both path and name (got path={self.path!r}, name={self.name!r})"
-            )
+            raise ValueError(f"data.custom_cls needs both path and name (got path={self.path!r}, name={self.name!r})")
 
 
 @dataclass

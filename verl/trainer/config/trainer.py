@@ -119,10 +119,16 @@ class TrainerConfig(BaseConfig):
         self.role_pools = dict(self.role_pools or {})
         for role, procs in self.role_pools.items():
             check_choice(owner, "role_pools key", role, ("critic", "ref", "rm"))
-            if not isinstance(procs, (list, tuple)) or not procs or not all(isinstance(p, int) and p > 0 for p in procs):
+            if (
+                not isinstance(procs, (list, tuple))
+                or not procs
+                or not all(isinstance(p, int) and p > 0 for p in procs)
+            ):
                 raise ValueError(f"trainer.role_pools.{role}={procs!r} must be a list of processes per node, e.g. [1]")
         if self.resume_mode == "resume_path" and not self.resume_from_path:
-            raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)")
+            raise ValueError(
+                "trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)"
+            )
 
 
 @dataclass

@@ -85,7 +85,9 @@ def find_latest_ckpt_path(root_path: str) -> str | None:
         path = step_dir(root_path, int(text))
         if os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
             return path
-        logger.warning("checkpoint tracker %s names %s, which is missing or incomplete; looking for others", tracker, path)
+        logger.warning(
+            "checkpoint tracker %s names %s, which is missing or incomplete; looking for others", tracker, path
+        )
     ckpts = list_checkpoints(root_path)
     return ckpts[-1][1] if ckpts else None
 
@@ -149,12 +151,17 @@ def _save_error(exc: Exception, root_path: str, step: int) -> Exception:
     kept = f"; the previous checkpoint {previous} is intact" if previous else ""
     cause = disk_full_cause(exc, root_path)
     if cause:
-        return OSError(errno.ENOSPC, f"saving the checkpoint of step {step} into {root_path} failed: {cause}{kept}. "
-                       "Free space there, point trainer.default_local_dir elsewhere, or keep fewer checkpoints "
-                       "(trainer.max_actor_ckpt_to_keep)")
+        return OSError(
+            errno.ENOSPC,
+            f"saving the checkpoint of step {step} into {root_path} failed: {cause}{kept}. "
+            "Free space there, point trainer.default_local_dir elsewhere, or keep fewer checkpoints "
+            "(trainer.max_actor_ckpt_to_keep)",
+        )
     text = str(exc).strip().splitlines()
-    message = f"saving the checkpoint of step {step} into {root_path} failed: {type(exc).__name__}: " \
-              f"{text[0] if text else ''}{kept}"
+    message = (
+        f"saving the checkpoint of step {step} into {root_path} failed: {type(exc).__name__}: "
+        f"{text[0] if text else ''}{kept}"
+    )
     if isinstance(exc, OSError):
         return OSError(exc.errno, message) if exc.errno is not None else OSError(message)
     return RuntimeError(message)
@@ -176,26 +183,36 @@ def checkpoint_to_resume(root_path: str) -> str | None:
     newest = find_latest_ckpt_path(root_path)
     if newest is None:
         return None
-    candidates = [newest] + [p for _, p in reversed(list_checkpoints(root_path)) if p != newest and step_of(p) < step_of(newest)]
+    candidates = [newest] + [
+        p for _, p in reversed(list_checkpoints(root_path)) if p != newest and step_of(p) < step_of(newest)
+    ]
     problems = []
     for path in candidates:
         try:
             verify_checkpoint(path)
         except CheckpointCorruptError as exc:
             problems.append(str(exc))
-            logger.warning("resume: checkpoint %s is damaged (%s); falling back to the previous complete checkpoint",
-                           path, exc)
+            logger.warning(
+                "resume: checkpoint %s is damaged (%s); falling back to the previous complete checkpoint", path, exc
+            )
             continue
         if problems:
             logger.warning("resume: using %s instead of the damaged newer checkpoint(s)", path)
         return path
     raise CheckpointCorruptError(
         f"every checkpoint under {root_path} is damaged: {'; '.join(problems)}. Remove or repair them, or set "
-        "trainer.resume_mode=disable to start from scratch", candidates[0])
+        "trainer.resume_mode=disable to start from scratch",
+        candidates[0],
+    )
 
 
-def prune_checkpoints(root_path: str, max_actor_ckpt_to_keep: int | None, max_critic_ckpt_to_keep: int | None,
-                      roles: tuple[str, ...] = ("actor", "critic"), newest_step: int | None = None) -> list[str]:
+def prune_checkpoints(
+    root_path: str,
+    max_actor_ckpt_to_keep: int | None,
+    max_critic_ckpt_to_keep: int | None,
+    roles: tuple[str, ...] = ("actor", "critic"),
+    newest_step: int | None = None,
+) -> list[str]:
     """Keep the newest `max_actor_ckpt_to_keep` actor parts and `max_critic_ckpt_to_keep` critic
     parts (None = keep all); a step directory whose model parts are all gone is removed entirely.
     The newest checkpoint is never touched. Returns the removed paths.

@@ -296,7 +296,16 @@ def _to_float(value: Any) -> float:
 # KL estimators and controllers
 # =============================================================================================
 
-_KL_BASE = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3", "full": "full"}
+_KL_BASE = {
+    "kl": "k1",
+    "k1": "k1",
+    "abs": "abs",
+    "mse": "k2",
+    "k2": "k2",
+    "low_var_kl": "k3",
+    "k3": "k3",
+    "full": "full",
+}
 KL_PENALTY_TYPES = tuple(_KL_BASE) + tuple(f"{k}+" for k in _KL_BASE if k != "full")
 
 
@@ -395,7 +404,9 @@ def get_kl_controller(kl_ctrl: Any):
         return FixedKLController(kl_coef=coef)
     if kind == "adaptive":
         return AdaptiveKLController(
-            init_kl_coef=coef, target_kl=config_get(kl_ctrl, "target_kl", 0.1), horizon=config_get(kl_ctrl, "horizon", 10000)
+            init_kl_coef=coef,
+            target_kl=config_get(kl_ctrl, "target_kl", 0.1),
+            horizon=config_get(kl_ctrl, "horizon", 10000),
         )
     raise ValueError(f"algorithm.kl_ctrl.type={kind!r} is not supported; expected one of ['fixed', 'adaptive']")
 
@@ -404,7 +415,14 @@ def get_kl_controller(kl_ctrl: Any):
 # Loss aggregation and exact micro-batching
 # =============================================================================================
 
-LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean")
+LOSS_AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "prompt-mean",
+)
 GLOBAL_BATCH_INFO_KEYS = (
     "dp_size",
     "batch_num_tokens",
@@ -416,7 +434,9 @@ GLOBAL_BATCH_INFO_KEYS = (
 # values written outside any `global_batch_info` context (upstream-style code that fills
 # `config.global_batch_info[...]` itself); every context starts from them
 _BASE_GLOBAL_BATCH_INFO: dict = {}
-_GLOBAL_BATCH_INFO: contextvars.ContextVar[dict] = contextvars.ContextVar("verl_global_batch_info", default=_BASE_GLOBAL_BATCH_INFO)
+_GLOBAL_BATCH_INFO: contextvars.ContextVar[dict] = contextvars.ContextVar(
+    "verl_global_batch_info", default=_BASE_GLOBAL_BATCH_INFO
+)
 
 
 @contextlib.contextmanager
@@ -525,7 +545,9 @@ class BatchLossStats:
         return sum(1 for n in self.group_num_tokens.values() if n > 0)
 
 
-def compute_batch_loss_stats(response_mask: torch.Tensor, index: Sequence[Hashable] | np.ndarray | None = None) -> BatchLossStats:
+def compute_batch_loss_stats(
+    response_mask: torch.Tensor, index: Sequence[Hashable] | np.ndarray | None = None
+) -> BatchLossStats:
     """Local aggregation denominators of a (mini-)batch.
 
     Args:
@@ -539,7 +561,9 @@ def compute_batch_loss_stats(response_mask: torch.Tensor, index: Sequence[Hashab
             raise ValueError(f"compute_batch_loss_stats: index has {len(index)} entries for {len(row_tokens)} rows")
         for uid, n in zip(index, row_tokens):
             groups[uid] = groups.get(uid, 0) + int(n)
-    return BatchLossStats(num_tokens=int(sum(row_tokens)), num_seqs=sum(1 for n in row_tokens if n > 0), group_num_tokens=groups)
+    return BatchLossStats(
+        num_tokens=int(sum(row_tokens)), num_seqs=sum(1 for n in row_tokens if n > 0), group_num_tokens=groups
+    )
 
 
 def merge_batch_loss_stats(stats: Sequence[BatchLossStats]) -> BatchLossStats:
@@ -591,7 +615,9 @@ def make_global_batch_info(
 def compute_group_num_tokens(response_mask: torch.Tensor, index: Sequence[Hashable] | np.ndarray) -> torch.Tensor:
     """[B] valid-token count of each row's group (the `prompt-mean` denominator D_g), float."""
     stats = compute_batch_loss_stats(response_mask, index)
-    return torch.tensor([float(stats.group_num_tokens[uid]) for uid in index], dtype=torch.float32, device=response_mask.device)
+    return torch.tensor(
+        [float(stats.group_num_tokens[uid]) for uid in index], dtype=torch.float32, device=response_mask.device
+    )
 
 
 def _clamp_count(count: Any, like: torch.Tensor) -> torch.Tensor | float:
@@ -678,7 +704,9 @@ def agg_loss(
             )
         group_tokens = torch.as_tensor(group_num_tokens, device=loss_mat.device).to(loss_mat.dtype).clamp(min=1)
         if group_tokens.shape != row_sums.shape:
-            raise ValueError(f"agg_loss(prompt-mean): group_num_tokens shape {tuple(group_tokens.shape)} != rows {tuple(row_sums.shape)}")
+            raise ValueError(
+                f"agg_loss(prompt-mean): group_num_tokens shape {tuple(group_tokens.shape)} != rows {tuple(row_sums.shape)}"
+            )
         if global_num_groups is None:
             if dp_size > 1:
                 raise ValueError("agg_loss(prompt-mean): global_num_groups is required when dp_size > 1")
@@ -853,7 +881,9 @@ def compute_policy_loss_sapo(
     pg_losses = -gate * advantages
     ppo_kl = verl_F.masked_mean(-log_ratio.detach(), response_mask)
     pg_loss = _finish(pg_losses, response_mask, "seq-mean-token-mean", config, rollout_is_weights)
-    return pg_loss, _metrics(0.0, ppo_kl, 0.0, **{"actor/sapo_gate_mean": verl_F.masked_mean(gate.detach(), response_mask)})
+    return pg_loss, _metrics(
+        0.0, ppo_kl, 0.0, **{"actor/sapo_gate_mean": verl_F.masked_mean(gate.detach(), response_mask)}
+    )
 
 
 @register_policy_loss("cispo")
@@ -1099,7 +1129,9 @@ def _dppo_setup(old_log_prob, log_prob, config):
     return low, high, trunc, log_ratio, ratio
 
 
-def _dppo_finish(valid, ratio, log_ratio, trunc, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
+def _dppo_finish(
+    valid, ratio, log_ratio, trunc, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+):
     valid = valid.detach().to(log_prob.dtype)
     weight = torch.clamp(ratio, max=trunc).detach() * valid
     pg_losses = -_valid_only(weight * advantages, response_mask) * log_prob
@@ -1131,7 +1163,9 @@ def compute_policy_loss_dppo_tv(
     low, high, trunc, log_ratio, ratio = _dppo_setup(old_log_prob, log_prob, config)
     delta = (torch.exp(log_prob) - torch.exp(old_log_prob)).detach()
     valid = torch.where(advantages > 0, delta <= high, delta >= -low)
-    return _dppo_finish(valid, ratio, log_ratio, trunc, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return _dppo_finish(
+        valid, ratio, log_ratio, trunc, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
 
 
 @register_policy_loss("dppo_kl")
@@ -1153,7 +1187,9 @@ def compute_policy_loss_dppo_kl(
     p, p_old = torch.exp(lp), torch.exp(old_log_prob)
     kl_b = p_old * (old_log_prob - lp) + (1.0 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
     valid = torch.where(advantages > 0, (kl_b <= high) | (p <= p_old), (kl_b <= low) | (p >= p_old))
-    return _dppo_finish(valid, ratio, log_ratio, trunc, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return _dppo_finish(
+        valid, ratio, log_ratio, trunc, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
 
 
 @register_policy_loss("dro")
@@ -1176,9 +1212,14 @@ def compute_policy_loss_dro(
     if not beta > 0:
         raise ValueError(f"dro: policy_loss.dro_beta={beta} must be > 0")
     log_ratio = log_prob - old_log_prob
-    pg_losses = -(_valid_only(advantages, response_mask) * log_prob) + 0.5 * beta * torch.where(
-        response_mask.bool(), log_ratio, torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
-    ).square()
+    pg_losses = (
+        -(_valid_only(advantages, response_mask) * log_prob)
+        + 0.5
+        * beta
+        * torch.where(
+            response_mask.bool(), log_ratio, torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
+        ).square()
+    )
     pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     ppo_kl = verl_F.masked_mean(-log_ratio.detach(), response_mask)
     return pg_loss, _metrics(0.0, ppo_kl, 0.0)
@@ -1271,7 +1312,11 @@ def compute_policy_loss_bypass_mode(
         # differ in number between ranks, so no collective here
         if level == "sequence":
             seq_ok = response_mask.sum(-1) > 0
-            mean = verl_F.masked_mean(weights, response_mask, axis=-1)[seq_ok].mean() if seq_ok.any() else weights.new_ones(())
+            mean = (
+                verl_F.masked_mean(weights, response_mask, axis=-1)[seq_ok].mean()
+                if seq_ok.any()
+                else weights.new_ones(())
+            )
         else:
             mean = verl_F.masked_mean(weights, response_mask)
         factor = float(mean) if float(mean) > 1e-8 else 1.0
@@ -1315,7 +1360,9 @@ def compute_policy_loss(
     return pg_loss, as_t(m["actor/pg_clipfrac"]), as_t(m["actor/ppo_kl"]), as_t(m["actor/pg_clipfrac_lower"])
 
 
-def compute_entropy_loss(logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean") -> torch.Tensor:
+def compute_entropy_loss(
+    logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean"
+) -> torch.Tensor:
     """Aggregated categorical entropy of `logits` [B, L, V] over `response_mask` [B, L]."""
     entropy = verl_F.entropy_from_logits(logits)
     return agg_loss(entropy, response_mask, loss_agg_mode)
@@ -1368,7 +1415,9 @@ def compute_value_loss(
 # =============================================================================================
 
 
-def _group_ids(index: Sequence[Hashable] | np.ndarray | None, batch_size: int, device, who: str) -> tuple[torch.Tensor, int]:
+def _group_ids(
+    index: Sequence[Hashable] | np.ndarray | None, batch_size: int, device, who: str
+) -> tuple[torch.Tensor, int]:
     """Map prompt ids to dense group ids 0..G-1 (first-appearance order): ([B] long, G)."""
     if index is None:
         raise ValueError(f"{who} groups responses by prompt and needs `index` (the uid array of the batch)")
@@ -1588,14 +1637,18 @@ def _outcome_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tens
 
 
 def _broadcast(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(response_mask.bool(), scores.unsqueeze(-1), torch.zeros((), dtype=scores.dtype, device=scores.device))
+    return torch.where(
+        response_mask.bool(), scores.unsqueeze(-1), torch.zeros((), dtype=scores.dtype, device=scores.device)
+    )
 
 
 def _token_gae(rewards, values, mask, gamma: float, lam) -> torch.Tensor:
     """Raw token-level GAE; masked positions consume no timestep and carry the next values."""
     valid = mask.bool()
     batch, length = rewards.shape
-    lam_t = lam if torch.is_tensor(lam) else torch.full((batch,), float(lam), dtype=rewards.dtype, device=rewards.device)
+    lam_t = (
+        lam if torch.is_tensor(lam) else torch.full((batch,), float(lam), dtype=rewards.dtype, device=rewards.device)
+    )
     lam_t = lam_t.to(rewards.dtype)
     next_value = torch.zeros(batch, dtype=rewards.dtype, device=rewards.device)
     last_adv = torch.zeros_like(next_value)
@@ -1628,7 +1681,9 @@ def _turn_gae(task_rewards, values, mask, turn_ids, gamma: float, lam) -> tuple[
         starts[1:] = tid[1:] != tid[:-1]
         turn_of = torch.cumsum(starts.long(), 0) - 1
         n_turns = int(turn_of[-1]) + 1
-        r_u = torch.zeros(n_turns, dtype=task_rewards.dtype, device=task_rewards.device).index_add_(0, turn_of, task_rewards[b, pos])
+        r_u = torch.zeros(n_turns, dtype=task_rewards.dtype, device=task_rewards.device).index_add_(
+            0, turn_of, task_rewards[b, pos]
+        )
         v_u = values[b, pos[starts]]
         lam_b = float(lam[b]) if torch.is_tensor(lam) else float(lam)
         a_u = torch.zeros_like(r_u)
@@ -1836,7 +1891,9 @@ def compute_grpo_passk_outcome_advantage(
     return adv, adv
 
 
-def step_rewards_to_go(step_rewards: torch.Tensor, step_end_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+def step_rewards_to_go(
+    step_rewards: torch.Tensor, step_end_mask: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
     """Process supervision: the advantage of a token is the sum of the (normalised) rewards of the
     steps that end at or after it.
 
@@ -2128,11 +2185,18 @@ def compute_gdpo_outcome_advantage(
         total = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
         for w, comp in zip(weights, components):
             adv, _ = compute_grpo_outcome_advantage(
-                comp, response_mask, index, epsilon=epsilon, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config
+                comp,
+                response_mask,
+                index,
+                epsilon=epsilon,
+                norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+                config=config,
             )
             total = total + w * adv.to(total.dtype)
         mask = response_mask.bool()
-        adv = torch.where(mask, verl_F.masked_whiten(total, mask), torch.zeros((), dtype=total.dtype, device=total.device))
+        adv = torch.where(
+            mask, verl_F.masked_whiten(total, mask), torch.zeros((), dtype=total.dtype, device=total.device)
+        )
     return adv, adv
 
 
@@ -2184,7 +2248,12 @@ def compute_optimal_token_baseline_advantage(
     """
     with torch.no_grad():
         mask, returns, w_cum = _otb_inputs(
-            token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights, "optimal_token_baseline"
+            token_level_rewards,
+            response_mask,
+            old_log_probs,
+            sum_pi_squared,
+            rollout_is_weights,
+            "optimal_token_baseline",
         )
         _group_ids(index, mask.shape[0], mask.device, "optimal_token_baseline")
         groups: dict = defaultdict(list)
@@ -2225,7 +2294,12 @@ def compute_multi_turn_optimal_token_baseline_advantage(
     """
     with torch.no_grad():
         mask, returns, w_cum = _otb_inputs(
-            token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights, "tir_optimal_token_baseline"
+            token_level_rewards,
+            response_mask,
+            old_log_probs,
+            sum_pi_squared,
+            rollout_is_weights,
+            "tir_optimal_token_baseline",
         )
         _group_ids(index, mask.shape[0], mask.device, "tir_optimal_token_baseline")
         valid = response_mask.bool()
@@ -2354,7 +2428,11 @@ def compute_overlong_penalty(
     if torch.is_tensor(response_length):
         length = response_length.to(torch.float32)
         ramp = (safe - length) / overlong_buffer_len
-        pen = torch.where(length <= safe, torch.zeros_like(length), torch.where(length <= max_response_length, ramp, -torch.ones_like(length)))
+        pen = torch.where(
+            length <= safe,
+            torch.zeros_like(length),
+            torch.where(length <= max_response_length, ramp, -torch.ones_like(length)),
+        )
         return pen * penalty_factor
     length = float(response_length)
     if length <= safe:

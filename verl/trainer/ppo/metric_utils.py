@@ -19,6 +19,7 @@ import torch
 
 import verl.utils.torch_functional as verl_F
 
+
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
     """mean/max/min of a flat tensor; an empty tensor gives nan (visible, not a fake 0)."""
     x = x.detach().float().flatten()
@@ -42,8 +43,9 @@ def compute_vf_explained_var(values: torch.Tensor, returns: torch.Tensor, mask: 
     return float(1.0 - (r - v).var() / (r.var() + 1e-5))
 
 
-def compute_data_metrics(batch, use_critic: bool = True, max_response_length: int | None = None,
-                         max_prompt_length: int | None = None) -> dict[str, float]:
+def compute_data_metrics(
+    batch, use_critic: bool = True, max_response_length: int | None = None, max_prompt_length: int | None = None
+) -> dict[str, float]:
     """Score, reward, advantage, return, value and length statistics of a training batch.
 
     `max_response_length` / `max_prompt_length` are the configured limits used for the clip
@@ -75,7 +77,9 @@ def compute_data_metrics(batch, use_critic: bool = True, max_response_length: in
     aborted = resp_len == 0
     metrics.update(_stats("response_length_non_aborted", resp_len[~aborted]))
     kept = resp_len[~aborted]
-    metrics["response_length_non_aborted/clip_ratio"] = (kept >= max_resp).float().mean().item() if kept.numel() else float("nan")
+    metrics["response_length_non_aborted/clip_ratio"] = (
+        (kept >= max_resp).float().mean().item() if kept.numel() else float("nan")
+    )
     metrics["response/aborted_ratio"] = aborted.float().mean().item()
     metrics.update(_stats("prompt_length", prompt_len))
     metrics["prompt_length/clip_ratio"] = (prompt_len >= max_prompt).float().mean().item()
@@ -83,7 +87,10 @@ def compute_data_metrics(batch, use_critic: bool = True, max_response_length: in
         if key in batch.non_tensor_batch:
             values = np.asarray(batch.non_tensor_batch[key], dtype=np.float64)
             metrics[f"{name}/min"], metrics[f"{name}/max"], metrics[f"{name}/mean"] = (
-                float(values.min()), float(values.max()), float(values.mean()))
+                float(values.min()),
+                float(values.max()),
+                float(values.mean()),
+            )
     return metrics
 
 
@@ -137,9 +144,16 @@ def compute_timing_metrics(batch, timing_raw: dict[str, float]) -> dict[str, flo
     """
     b = batch.batch
     resp_width = b["responses"].shape[-1]
-    n_resp = int(b["response_mask"].sum().item() if "response_mask" in b.keys() else b["attention_mask"][:, -resp_width:].sum().item())
+    n_resp = int(
+        b["response_mask"].sum().item()
+        if "response_mask" in b.keys()
+        else b["attention_mask"][:, -resp_width:].sum().item()
+    )
     n_all = int(b["attention_mask"].sum().item())
-    tokens = {"gen": n_resp, **{k: n_all for k in ("ref", "old_log_prob", "values", "adv", "update_critic", "update_actor", "reward")}}
+    tokens = {
+        "gen": n_resp,
+        **{k: n_all for k in ("ref", "old_log_prob", "values", "adv", "update_critic", "update_actor", "reward")},
+    }
     metrics = {f"timing_s/{k}": float(v) for k, v in timing_raw.items()}
     for k, v in timing_raw.items():
         if k in tokens and tokens[k] > 0:
@@ -187,7 +201,9 @@ def compute_variance_proxy_metrics(batch, gradient_norm: float | None = None) ->
     - ``variance_proxy/expected_a_squared`` = ``mean(A**2)``, ``variance_proxy/expected_w`` = ``mean(W)``.
     """
     tensors = batch.batch
-    if tensors is None or any(k not in tensors.keys() for k in ("sum_pi_squared", "old_log_probs", "advantages", "response_mask")):
+    if tensors is None or any(
+        k not in tensors.keys() for k in ("sum_pi_squared", "old_log_probs", "advantages", "response_mask")
+    ):
         return {}
     mask = tensors["response_mask"].float()
     w_tok = 1.0 - 2.0 * torch.exp(tensors["old_log_probs"].float()) + tensors["sum_pi_squared"].float()
@@ -220,8 +236,13 @@ def _bootstrap_indices(n: int, k: int, n_bootstrap: int, seed: int) -> np.ndarra
     return np.random.default_rng(seed).integers(0, n, size=(n_bootstrap, k))
 
 
-def bootstrap_metric(data: Sequence[Any], subset_size: int, reduce_fns: Sequence[Callable[[np.ndarray], float]],
-                     n_bootstrap: int = 1000, seed: int = 42) -> list[tuple[float, float]]:
+def bootstrap_metric(
+    data: Sequence[Any],
+    subset_size: int,
+    reduce_fns: Sequence[Callable[[np.ndarray], float]],
+    n_bootstrap: int = 1000,
+    seed: int = 42,
+) -> list[tuple[float, float]]:
     """Bootstrap estimate (mean, std) of each `reduce_fn` over random subsets of `subset_size`
     drawn with replacement from `data` (e.g. best-of-k from n samples). (Upstream helper;
     `process_validation_metrics` computes the same numbers vectorised.)"""
@@ -254,9 +275,13 @@ def _majority_positions(codes: np.ndarray) -> np.ndarray:
     return votes.argmax(axis=1)  # argmax returns the first position holding the maximum
 
 
-def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequence[Any],
-                               infos_dict: dict[str, list[Any]], seed: int = 42,
-                               n_bootstrap: int = 1000) -> dict[str, dict[str, dict[str, float]]]:
+def process_validation_metrics(
+    data_sources: Sequence[str],
+    sample_uids: Sequence[Any],
+    infos_dict: dict[str, list[Any]],
+    seed: int = 42,
+    n_bootstrap: int = 1000,
+) -> dict[str, dict[str, dict[str, float]]]:
     """Per data source, per variable, per statistic: `{ds: {var: {"mean@n": x, ...}}}`.
 
     Samples are grouped by `sample_uids` (the n responses to one prompt). For each numeric
@@ -274,8 +299,11 @@ def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequenc
     groups: dict[str, dict[Any, list[int]]] = defaultdict(lambda: defaultdict(list))
     for i, (ds, uid) in enumerate(zip(data_sources, sample_uids)):
         groups[ds][uid].append(i)
-    variables = {var: np.asarray(values, dtype=np.float64) for var, values in infos_dict.items()
-                 if var != "pred" and _numeric(values)}
+    variables = {
+        var: np.asarray(values, dtype=np.float64)
+        for var, values in infos_dict.items()
+        if var != "pred" and _numeric(values)
+    }
     preds = infos_dict.get("pred")
     draws: dict[tuple[int, int], np.ndarray] = {}
 
@@ -321,8 +349,20 @@ def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequenc
 
 # ---------------------------------------------------------------------------------- MFU
 # dense bf16 tensor-core peaks (FLOP/s) of common accelerators, by a substring of the device name
-_GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "H20": 148e12, "A100": 312e12, "A800": 312e12,
-                   "L40": 181e12, "A10": 125e12, "4090": 165e12, "3090": 71e12, "V100": 125e12, "T4": 65e12}
+_GPU_PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "H800": 989e12,
+    "H20": 148e12,
+    "A100": 312e12,
+    "A800": 312e12,
+    "L40": 181e12,
+    "A10": 125e12,
+    "4090": 165e12,
+    "3090": 71e12,
+    "V100": 125e12,
+    "T4": 65e12,
+}
 
 
 def peak_flops_per_worker(device: str) -> float | None:
@@ -367,8 +407,15 @@ def count_model_params(model_path: str, trust_remote_code: bool = False) -> int 
         return None
 
 
-def compute_mfu_metrics(batch, timing_raw: dict[str, float], n_params: int | None, peak_flops: float | None,
-                        n_workers: int, actor_epochs: int = 1, critic_epochs: int = 1) -> dict[str, float]:
+def compute_mfu_metrics(
+    batch,
+    timing_raw: dict[str, float],
+    n_params: int | None,
+    peak_flops: float | None,
+    n_workers: int,
+    actor_epochs: int = 1,
+    critic_epochs: int = 1,
+) -> dict[str, float]:
     """Model FLOPs utilisation estimates: `perf/mfu/step` and per phase `perf/mfu/{phase}`.
 
     FLOPs use the 2N-per-token rule (forward) and 6N (forward + backward) with N the policy's

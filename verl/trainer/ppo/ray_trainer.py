@@ -112,8 +112,11 @@ class ResourcePoolManager:
         for name, process_on_nodes in self.resource_pool_spec.items():
             # one worker group per slot: colocated roles share one process (create_colocated_worker_cls)
             self.resource_pool_dict[name] = RayResourcePool(
-                process_on_nodes=list(process_on_nodes), use_gpu=self.use_gpu, max_colocate_count=1,
-                name_prefix=f"{name}_{run_id}_", num_cpus_per_worker=self.num_cpus_per_worker,
+                process_on_nodes=list(process_on_nodes),
+                use_gpu=self.use_gpu,
+                max_colocate_count=1,
+                name_prefix=f"{name}_{run_id}_",
+                num_cpus_per_worker=self.num_cpus_per_worker,
             )
 
     def release(self) -> None:
@@ -165,12 +168,21 @@ def _accepted_kwargs(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return kwargs
-    names = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    names = {
+        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
     return {k: v for k, v in kwargs.items() if k in names}
 
 
-def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, lam: Any = 1.0, num_repeat: int = 1,
-                      norm_adv_by_std_in_grpo: bool = True, config: Any = None) -> DataProto:
+def compute_advantage(
+    data: DataProto,
+    adv_estimator: str,
+    gamma: float = 1.0,
+    lam: Any = 1.0,
+    num_repeat: int = 1,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+) -> DataProto:
     """`advantages`, `returns` [B, R] from the estimator registered as `adv_estimator`.
 
     Precedence of the explicit arguments, as upstream: `gamma`/`lam` are used by `gae` and
@@ -200,8 +212,16 @@ def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, l
         kwargs.update(gamma=gamma, lam=lam)
     if name == "grpo" or config is None:
         kwargs["norm_adv_by_std_in_grpo"] = norm_adv_by_std_in_grpo
-    for key in ("values", "reward_baselines", "token_level_scores", "turn_ids", "step_end_mask",
-                "old_log_probs", "sum_pi_squared", "rollout_is_weights"):
+    for key in (
+        "values",
+        "reward_baselines",
+        "token_level_scores",
+        "turn_ids",
+        "step_end_mask",
+        "old_log_probs",
+        "sum_pi_squared",
+        "rollout_is_weights",
+    ):
         if key in data.batch.keys():
             kwargs[key] = data.batch[key]
     if name == "gdpo":
@@ -232,15 +252,19 @@ def select_groups_with_variance(batch: DataProto, metric: str) -> tuple[DataProt
     groups, dropped groups).
     """
     reward_keys = batch.meta_info.get("reward_extra_keys")
-    columns = list(batch.non_tensor_batch) if reward_keys is None else [k for k in reward_keys if k in batch.non_tensor_batch]
+    columns = (
+        list(batch.non_tensor_batch) if reward_keys is None else [k for k in reward_keys if k in batch.non_tensor_batch]
+    )
     if metric in columns:
         values = []
         for i, v in enumerate(batch.non_tensor_batch[metric]):
             try:
                 values.append(float(v))
             except (TypeError, ValueError):
-                raise ValueError(f"algorithm.filter_groups.metric={metric!r}: row {i} holds {v!r}, not a number "
-                                 "(does the scoring function report it for every response?)") from None
+                raise ValueError(
+                    f"algorithm.filter_groups.metric={metric!r}: row {i} holds {v!r}, not a number "
+                    "(does the scoring function report it for every response?)"
+                ) from None
     elif metric in FILTER_SCORE_METRICS:
         values = batch.batch["token_level_scores"].sum(-1).tolist()
     else:
@@ -257,7 +281,9 @@ def select_groups_with_variance(batch: DataProto, metric: str) -> tuple[DataProt
     return batch.select_idxs(np.array(keep, dtype=np.int64)), len(keep_uids), len(by_uid) - len(keep_uids)
 
 
-def trim_to_whole_groups(batch: DataProto, max_groups: int, n: int, divisor: int, group_multiple: int = 1) -> DataProto | None:
+def trim_to_whole_groups(
+    batch: DataProto, max_groups: int, n: int, divisor: int, group_multiple: int = 1
+) -> DataProto | None:
     """The first (in order of appearance) at most `max_groups` whole groups, fewer if needed so
     that groups * n rows split evenly over `divisor` data-parallel workers and the number of
     groups is a multiple of `group_multiple` (the mini-batch size in prompts, so the update's
@@ -305,7 +331,12 @@ def left_pad_prompts(data: DataProto, width: int, pad_token_id: int) -> DataProt
     extra = width - data.batch["prompts"].shape[-1]
     if extra <= 0:
         return data
-    for key, value in (("prompts", pad_token_id), ("input_ids", pad_token_id), ("attention_mask", 0), ("position_ids", 0)):
+    for key, value in (
+        ("prompts", pad_token_id),
+        ("input_ids", pad_token_id),
+        ("attention_mask", 0),
+        ("position_ids", 0),
+    ):
         if key in data.batch.keys():
             data.batch[key] = torch.nn.functional.pad(data.batch[key], (extra, 0), value=value)
     return data
@@ -407,10 +438,23 @@ class RayPPOTrainer:
         callbacks: `TrainerCallback`s, in addition to those of `trainer.callbacks`.
     """
 
-    def __init__(self, config, tokenizer, role_worker_mapping: dict, resource_pool_manager: ResourcePoolManager,
-                 ray_worker_group_cls=None, processor=None, reward_fn=None, val_reward_fn=None,
-                 train_dataset=None, val_dataset=None, collate_fn=None, train_sampler=None,
-                 device_name: str | None = None, callbacks: list[TrainerCallback] | None = None):
+    def __init__(
+        self,
+        config,
+        tokenizer,
+        role_worker_mapping: dict,
+        resource_pool_manager: ResourcePoolManager,
+        ray_worker_group_cls=None,
+        processor=None,
+        reward_fn=None,
+        val_reward_fn=None,
+        train_dataset=None,
+        val_dataset=None,
+        collate_fn=None,
+        train_sampler=None,
+        device_name: str | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+    ):
         self.config = config
         self.cfg: ValidatedConfig = validate_config(config)
         self.tokenizer = tokenizer
@@ -427,13 +471,17 @@ class RayPPOTrainer:
         self.device_name = device_name or self.cfg.trainer.device
         self.hybrid_engine = bool(config.actor_rollout_ref.get("hybrid_engine", True))
         if not self.hybrid_engine:
-            raise NotImplementedError("actor_rollout_ref.hybrid_engine=False is not supported; the rollout shares the actor's weights")
+            raise NotImplementedError(
+                "actor_rollout_ref.hybrid_engine=False is not supported; the rollout shares the actor's weights"
+            )
         self.use_critic = self.cfg.use_critic
         self.use_reference_policy = self.cfg.use_reference_policy
         self.use_rm = self.cfg.use_rm
         # LoRA: the reference is the actor with its adapter disabled, unless the caller maps a
         # reference worker of its own (Role.RefPolicy), which is then used
-        self.ref_in_actor = self.use_reference_policy and Role.RefPolicy not in role_worker_mapping and reference_in_actor(config)
+        self.ref_in_actor = (
+            self.use_reference_policy and Role.RefPolicy not in role_worker_mapping and reference_in_actor(config)
+        )
         if self.use_reference_policy and not self.ref_in_actor and Role.RefPolicy not in role_worker_mapping:
             raise ValueError("the config needs a reference policy (KL) but role_worker_mapping has no Role.RefPolicy")
         if self.use_critic and Role.Critic not in role_worker_mapping:
@@ -464,9 +512,13 @@ class RayPPOTrainer:
 
         data = self.cfg.data
         if train_dataset is None:
-            train_dataset = create_rl_dataset(data.train_files, self.config.data, self.tokenizer, self.processor, is_train=True)
+            train_dataset = create_rl_dataset(
+                data.train_files, self.config.data, self.tokenizer, self.processor, is_train=True
+            )
         if val_dataset is None:
-            val_dataset = create_rl_dataset(data.val_files, self.config.data, self.tokenizer, self.processor, is_train=False)
+            val_dataset = create_rl_dataset(
+                data.val_files, self.config.data, self.tokenizer, self.processor, is_train=False
+            )
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         if train_sampler is None:
             train_sampler = create_rl_sampler(self.config.data, train_dataset)
@@ -484,8 +536,10 @@ class RayPPOTrainer:
             sampler=train_sampler,
         )
         if len(val_dataset) == 0:
-            raise ValueError(f"the validation set data.val_files={data.val_files!r} has no prompts "
-                             "(after data.filter_overlong_prompts, if it is on)")
+            raise ValueError(
+                f"the validation set data.val_files={data.val_files!r} has no prompts "
+                "(after data.filter_overlong_prompts, if it is on)"
+            )
         val_bs = data.val_batch_size or len(val_dataset)
         self.val_dataloader = StatefulDataLoader(
             dataset=val_dataset,
@@ -536,7 +590,8 @@ class RayPPOTrainer:
                     continue
                 worker_dict_cls = create_colocated_worker_cls(class_dict=class_dict)
                 wg_dict = self.ray_worker_group_cls(
-                    resource_pool=pool, ray_cls_with_init=worker_dict_cls,
+                    resource_pool=pool,
+                    ray_cls_with_init=worker_dict_cls,
                     num_threads_per_worker=self.cfg.trainer.torch_threads_per_worker,
                 )
                 self._worker_groups.append(wg_dict)
@@ -659,8 +714,11 @@ class RayPPOTrainer:
                 column[i] = x
             batch.non_tensor_batch[k] = column
         # counts over every round of a step (dynamic sampling scores several batches)
-        for column, name in (("score_error", "reward/score_errors"), ("score_timeout", "reward/score_timeouts"),
-                             ("math_verify_fallback", "reward/math_verify_fallbacks")):
+        for column, name in (
+            ("score_error", "reward/score_errors"),
+            ("score_timeout", "reward/score_timeouts"),
+            ("math_verify_fallback", "reward/math_verify_fallbacks"),
+        ):
             flags = extra.get(column)
             metrics[name] = metrics.get(name, 0) + (int(sum(bool(e) for e in flags)) if flags else 0)
         return batch
@@ -711,21 +769,32 @@ class RayPPOTrainer:
             if not fg.keep_generating or n_groups >= target:
                 break
             if fg.max_num_gen_batches and rounds >= fg.max_num_gen_batches:
-                logger.warning("filter_groups: %d of %d groups after %d generation rounds (max_num_gen_batches); "
-                               "training on what was collected", n_groups, target, rounds)
+                logger.warning(
+                    "filter_groups: %d of %d groups after %d generation rounds (max_num_gen_batches); "
+                    "training on what was collected",
+                    n_groups,
+                    target,
+                    rounds,
+                )
                 break
         metrics["filter_groups/num_gen_batches"] = rounds
         return self._trim_groups(kept, target)
 
     def _trim_groups(self, batch: DataProto, max_groups: int) -> DataProto | None:
-        minis = [self.cfg.actor.ppo_mini_batch_size] + ([self.cfg.critic.ppo_mini_batch_size] if self.use_critic else [])
+        minis = [self.cfg.actor.ppo_mini_batch_size] + (
+            [self.cfg.critic.ppo_mini_batch_size] if self.use_critic else []
+        )
         multiple = math.lcm(*minis)
         out = trim_to_whole_groups(batch, max_groups, self.cfg.rollout.n, self.dp_size, group_multiple=multiple)
         kept = 0 if out is None else len(set(out.non_tensor_batch["uid"]))
         n_groups = len(set(batch.non_tensor_batch["uid"]))
         if kept < min(n_groups, max_groups):
-            logger.warning("filter_groups: %d groups collected, %d trained (a multiple of the mini-batch size %d prompts)",
-                           n_groups, kept, multiple)
+            logger.warning(
+                "filter_groups: %d groups collected, %d trained (a multiple of the mini-batch size %d prompts)",
+                n_groups,
+                kept,
+                multiple,
+            )
         return out
 
     def can_skip_old_log_prob(self) -> bool:
@@ -739,8 +808,11 @@ class RayPPOTrainer:
         # whole batch before the loss; plain IS weights do not (the worker computes them from the
         # detached current log-probs)
         rc = cfg.algorithm.rollout_correction
-        needs_old = (cfg.algorithm.use_kl_in_reward or rc.rollout_rs is not None
-                     or bool(config_get(rc, "rollout_is_batch_normalize", False)))
+        needs_old = (
+            cfg.algorithm.use_kl_in_reward
+            or rc.rollout_rs is not None
+            or bool(config_get(rc, "rollout_is_batch_normalize", False))
+        )
         return one_mini and not needs_old and not self.bypass_mode()
 
     def bypass_mode(self) -> bool:
@@ -781,8 +853,13 @@ class RayPPOTrainer:
             else:
                 batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
             batch = compute_advantage(
-                batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam, num_repeat=self.cfg.rollout.n,
-                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo,
+                batch,
+                algo.adv_estimator,
+                gamma=algo.gamma,
+                lam=algo.lam,
+                num_repeat=self.cfg.rollout.n,
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+                config=algo,
             )
         return batch
 
@@ -835,8 +912,13 @@ class RayPPOTrainer:
             self._finish()
             return last_val
 
-        bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training",
-                   disable="console" not in tr.logger, dynamic_ncols=True)
+        bar = tqdm(
+            total=self.total_training_steps,
+            initial=self.global_steps,
+            desc="Training",
+            disable="console" not in tr.logger,
+            dynamic_ncols=True,
+        )
         prompts = self._prompt_stream()
         self._t_start = time.monotonic()
         # a resumed run's current step was saved (and validated) by the run that wrote the checkpoint
@@ -846,7 +928,8 @@ class RayPPOTrainer:
             self.global_steps += 1
             # the step that starts after the time budget is spent is the last one (validated, saved)
             is_last = self.global_steps >= self.total_training_steps or (
-                budget is not None and time.monotonic() - self._t_start >= budget)
+                budget is not None and time.monotonic() - self._t_start >= budget
+            )
             metrics: dict[str, Any] = {}
             timing_raw: dict[str, float] = {}
             try:
@@ -867,7 +950,12 @@ class RayPPOTrainer:
                 break
         bar.close()
         # a run that ended early (data exhausted, skipped last step) still ends validated and saved
-        if tr.test_freq > 0 and self.val_reward_fn is not None and self._validated_step != self.global_steps and self.global_steps > 0:
+        if (
+            tr.test_freq > 0
+            and self.val_reward_fn is not None
+            and self._validated_step != self.global_steps
+            and self.global_steps > 0
+        ):
             last_val = self._validate()
             self.tracking.log(last_val, step=self.global_steps)
         if tr.save_freq > 0 and self._saved_step != self.global_steps and self.global_steps > 0:
@@ -886,16 +974,30 @@ class RayPPOTrainer:
             self._validated_step = self.global_steps
             metrics.update(val)
         if batch is not None:
-            metrics.update(compute_data_metrics(batch, use_critic=self.use_critic,
-                                                max_response_length=self.cfg.data.max_response_length,
-                                                max_prompt_length=self.cfg.data.max_prompt_length))
+            metrics.update(
+                compute_data_metrics(
+                    batch,
+                    use_critic=self.use_critic,
+                    max_response_length=self.cfg.data.max_response_length,
+                    max_prompt_length=self.cfg.data.max_prompt_length,
+                )
+            )
             metrics.update(compute_timing_metrics(batch, timing_raw))
             # only when the batch carries sum_pi_squared (otherwise {})
             metrics.update(compute_variance_proxy_metrics(batch, metrics.get("actor/grad_norm")))
             n_workers = self.resource_pool_manager.get_n_gpus()
             metrics.update(compute_throughout_metrics(batch, timing_raw, n_gpus=n_workers))
-            metrics.update(compute_mfu_metrics(batch, timing_raw, self._n_params, self._peak_flops, n_workers,
-                                               actor_epochs=self.cfg.actor.ppo_epochs, critic_epochs=self.cfg.critic.ppo_epochs))
+            metrics.update(
+                compute_mfu_metrics(
+                    batch,
+                    timing_raw,
+                    self._n_params,
+                    self._peak_flops,
+                    n_workers,
+                    actor_epochs=self.cfg.actor.ppo_epochs,
+                    critic_epochs=self.cfg.critic.ppo_epochs,
+                )
+            )
             self._dump_rollouts(batch)
         else:
             metrics.update({f"timing_s/{k}": v for k, v in timing_raw.items()})
@@ -973,12 +1075,16 @@ class RayPPOTrainer:
         prompt_mask = batch.batch["attention_mask"][:, :-width].bool()
         resp_lens = batch.batch["response_mask"].sum(-1).tolist()
         prompts = self.tokenizer.batch_decode(
-            [batch.batch["prompts"][i][prompt_mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
+            [batch.batch["prompts"][i][prompt_mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True
+        )
         resps = self.tokenizer.batch_decode(
-            [batch.batch["responses"][i, : int(n)].tolist() for i, n in enumerate(resp_lens)], skip_special_tokens=True)
+            [batch.batch["responses"][i, : int(n)].tolist() for i, n in enumerate(resp_lens)], skip_special_tokens=True
+        )
         scores = batch.batch["token_level_scores"].sum(-1).tolist()
-        gts = [rm.get("ground_truth") if isinstance(rm, dict) else None
-               for rm in batch.non_tensor_batch.get("reward_model", [None] * len(batch))]
+        gts = [
+            rm.get("ground_truth") if isinstance(rm, dict) else None
+            for rm in batch.non_tensor_batch.get("reward_model", [None] * len(batch))
+        ]
         return [
             {"step": self.global_steps, "input": p, "output": r, "score": s, "ground_truth": to_jsonable(g)}
             for p, r, s, g in zip(prompts, resps, scores, gts)
@@ -1034,7 +1140,9 @@ class RayPPOTrainer:
 
             rng = np.random.RandomState(42)  # the same samples every validation: comparable over time
             pick = sorted(rng.permutation(len(samples))[: tr.log_val_generations].tolist())
-            ValidationGenerationsLogger(self.tracking.log_dir).log(tr.logger, [samples[i] for i in pick], self.global_steps, self.tracking)
+            ValidationGenerationsLogger(self.tracking.log_dir).log(
+                tr.logger, [samples[i] for i in pick], self.global_steps, self.tracking
+            )
         if tr.validation_data_dir:
             os.makedirs(tr.validation_data_dir, exist_ok=True)
             with open(os.path.join(tr.validation_data_dir, f"{self.global_steps}.jsonl"), "w", encoding="utf-8") as fh:
@@ -1048,8 +1156,11 @@ class RayPPOTrainer:
             for var, stats in var2.items():
                 n_max = max(int(name.split("@")[1].split("/")[0]) for name in stats)
                 for name, val in stats.items():
-                    core = (var in ("reward", "acc") and f"@{n_max}" in name
-                            and any(name.startswith(p) for p in ("mean", "maj", "best")))
+                    core = (
+                        var in ("reward", "acc")
+                        and f"@{n_max}" in name
+                        and any(name.startswith(p) for p in ("mean", "maj", "best"))
+                    )
                     metrics[f"{'val-core' if core else 'val-aux'}/{ds}/{var}/{name}"] = val
         for cb in self.callbacks:
             cb.on_validation(self, metrics)
@@ -1062,8 +1173,9 @@ class RayPPOTrainer:
             "global_steps": self.global_steps,
             "epoch": self.epoch,
             # plain containers only (numpy's state as lists): the file loads with weights_only=True
-            "rng": rng_state_to_plain({"python": random.getstate(), "numpy": np.random.get_state(),
-                                       "torch": torch.get_rng_state()}),
+            "rng": rng_state_to_plain(
+                {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+            ),
             "kl_ctrl_value": None if self.kl_ctrl_in_reward is None else self.kl_ctrl_in_reward.value,
             "callbacks": [cb.state_dict() for cb in self.callbacks],
         }
@@ -1080,8 +1192,12 @@ class RayPPOTrainer:
             self.kl_ctrl_in_reward.value = float(state["kl_ctrl_value"])
         saved = state.get("callbacks", [])
         if len(saved) != len(self.callbacks):
-            logger.warning("the checkpoint holds the state of %d callbacks but this run has %d; states are restored "
-                           "in order and the rest is left as constructed", len(saved), len(self.callbacks))
+            logger.warning(
+                "the checkpoint holds the state of %d callbacks but this run has %d; states are restored "
+                "in order and the rest is left as constructed",
+                len(saved),
+                len(self.callbacks),
+            )
         for cb, s in zip(self.callbacks, saved):
             cb.load_state_dict(s)
 
@@ -1096,9 +1212,13 @@ class RayPPOTrainer:
             self.tracking.sync()  # every earlier step's line is durable before this checkpoint exists
 
         def write(tmp: str) -> None:
-            self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), None, self.global_steps, max_ckpt_to_keep=None)
+            self.actor_rollout_wg.save_checkpoint(
+                os.path.join(tmp, "actor"), None, self.global_steps, max_ckpt_to_keep=None
+            )
             if self.use_critic:
-                self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"), None, self.global_steps, max_ckpt_to_keep=None)
+                self.critic_wg.save_checkpoint(
+                    os.path.join(tmp, "critic"), None, self.global_steps, max_ckpt_to_keep=None
+                )
             save_plain(self.train_dataloader.state_dict(), os.path.join(tmp, "data.pt"), "dataloader state")
             state = self.state_dict()
             state["step_metrics"] = {k: to_jsonable(v) for k, v in (metrics or {}).items()}
@@ -1124,7 +1244,9 @@ class RayPPOTrainer:
         if tr.resume_mode == "resume_path":
             path = tr.resume_from_path
             if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
-                raise FileNotFoundError(f"trainer.resume_from_path={path!r} is not a complete checkpoint (no {TRAINER_STATE_FILE})")
+                raise FileNotFoundError(
+                    f"trainer.resume_from_path={path!r} is not a complete checkpoint (no {TRAINER_STATE_FILE})"
+                )
             step_of(path)
             verify_checkpoint(path)
         else:
@@ -1147,8 +1269,9 @@ class RayPPOTrainer:
         previous run was killed between its save and its log line)."""
         saved = getattr(self, "_resumed_step_metrics", None)
         if saved and self.global_steps > 0 and self.tracking.has_logged_step(self.global_steps) is False:
-            logger.warning("resume: the metrics of step %d were not in the log; logged now from the checkpoint",
-                           self.global_steps)
+            logger.warning(
+                "resume: the metrics of step %d were not in the log; logged now from the checkpoint", self.global_steps
+            )
             self.tracking.log(saved, step=self.global_steps)
 
     # ------------------------------------------------------------------ end of run
@@ -1161,9 +1284,9 @@ class RayPPOTrainer:
         if tr.plot and path and os.path.isfile(path):
             from verl.utils.plot import plot_training_curves
 
-            png = plot_training_curves(path, os.path.join(os.path.dirname(path), "curves.png"),
-                                       title=f"{tr.project_name}/{tr.experiment_name}")
+            png = plot_training_curves(
+                path, os.path.join(os.path.dirname(path), "curves.png"), title=f"{tr.project_name}/{tr.experiment_name}"
+            )
             if png:
                 logger.info("training curves: %s", png)
                 print(f"training curves written to {png}")
-

@@ -107,7 +107,9 @@ def _parse_rollout_is_threshold(spec: Any) -> tuple[float, float | None]:
             else:
                 upper = float(text)
         except ValueError:
-            raise ValueError(f"Invalid rollout_is_threshold '{spec}'; expected a number or 'lower_upper' (e.g. '0.5_2.0')") from None
+            raise ValueError(
+                f"Invalid rollout_is_threshold '{spec}'; expected a number or 'lower_upper' (e.g. '0.5_2.0')"
+            ) from None
     else:
         upper = float(spec)
     if not upper > 0:
@@ -142,7 +144,9 @@ def _uses_ratio_bounds(option: str) -> bool:
     return option.endswith("k1") or option in _RATIO_RULES
 
 
-def _parse_rollout_rs_thresholds(options: list[str], spec: Any, lower_spec: Any = None) -> dict[str, tuple[float | None, float]]:
+def _parse_rollout_rs_thresholds(
+    options: list[str], spec: Any, lower_spec: Any = None
+) -> dict[str, tuple[float | None, float]]:
     """Per option (lower, upper). `spec` is a number or a comma-separated string with one entry
     shared by all options or one per option. Ratio-bound options (`*_k1` and ours `token`,
     `sequence`, `geometric`, `icepop`) take `"lower_upper"` or `"upper"` (lower = 1/upper; for
@@ -185,7 +189,9 @@ def _parse_rollout_rs_thresholds(options: list[str], spec: Any, lower_spec: Any 
             if lower is None:
                 lower = _ICEPOP_DEFAULTS[0] if option == "icepop" else 1.0 / upper
             if not (lower > 0 and upper > 0):
-                raise ValueError(f"Thresholds for option '{option}' must be positive, got lower={lower}, upper={upper}.")
+                raise ValueError(
+                    f"Thresholds for option '{option}' must be positive, got lower={lower}, upper={upper}."
+                )
             out[option] = (lower, upper)
         else:
             if lower_spec is not None:
@@ -422,11 +428,17 @@ def compute_is_metrics(
     if rollout_is == "sequence":
         m["rollout_is_max"] = math.exp(min(log_ratio_for_metrics.max().item(), SAFETY_BOUND))
         m["rollout_is_min"] = math.exp(log_ratio_for_metrics.min().item())
-        m["rollout_is_ratio_fraction_high"] = (log_ratio_for_metrics > math.log(rollout_is_threshold)).float().mean().item()
+        m["rollout_is_ratio_fraction_high"] = (
+            (log_ratio_for_metrics > math.log(rollout_is_threshold)).float().mean().item()
+        )
         m["rollout_is_ratio_fraction_low"] = (log_ratio_for_metrics < math.log(lower)).float().mean().item()
     else:
-        m["rollout_is_ratio_fraction_high"] = verl_F.masked_mean((raw_rollout_is_weights > rollout_is_threshold).float(), response_mask).item()
-        m["rollout_is_ratio_fraction_low"] = verl_F.masked_mean((raw_rollout_is_weights < lower).float(), response_mask).item()
+        m["rollout_is_ratio_fraction_high"] = verl_F.masked_mean(
+            (raw_rollout_is_weights > rollout_is_threshold).float(), response_mask
+        ).item()
+        m["rollout_is_ratio_fraction_low"] = verl_F.masked_mean(
+            (raw_rollout_is_weights < lower).float(), response_mask
+        ).item()
         m["rollout_is_max"] = rollout_is_weights.masked_fill(~valid, -float("inf")).max().item()
         m["rollout_is_min"] = rollout_is_weights.masked_fill(~valid, float("inf")).min().item()
     clamped = rollout_is_weights.clamp(min=0.0, max=rollout_is_threshold)
@@ -550,10 +562,19 @@ def compute_rollout_rejection_mask(
         else:
             lo, hi = 0.0, upper
             keep = stat <= hi
-        metrics.update(compute_rs_metrics(
-            option, stat, response_mask, seq_valid, level=level, per_sequence_values=seq_stat,
-            rollout_rs_threshold=hi, rollout_rs_threshold_lower=lo, apply_lower_threshold=lower is not None,
-        ))
+        metrics.update(
+            compute_rs_metrics(
+                option,
+                stat,
+                response_mask,
+                seq_valid,
+                level=level,
+                per_sequence_values=seq_stat,
+                rollout_rs_threshold=hi,
+                rollout_rs_threshold_lower=lo,
+                apply_lower_threshold=lower is not None,
+            )
+        )
         keep_all = keep_all & keep
         metrics[f"rollout_rs_{option}_masked_fraction"] = verl_F.masked_mean((~keep).float(), response_mask).item()
         seq_kept = ~((~keep) & valid).any(-1)
@@ -592,24 +613,35 @@ def compute_rs_metrics(
         raise ValueError("response_mask must contain at least one valid token (1).")
     p = f"rollout_rs_{option_name}"
     valid = response_mask.bool()
-    seq = per_sequence_values if per_sequence_values is not None else verl_F.masked_mean(rs_statistic, response_mask, axis=-1)
+    seq = (
+        per_sequence_values
+        if per_sequence_values is not None
+        else verl_F.masked_mean(rs_statistic, response_mask, axis=-1)
+    )
     seq = seq.reshape(-1)[seq_valid_mask]
     m: dict[str, float] = {f"{p}_mean": verl_F.masked_mean(rs_statistic, response_mask).item()}
     per_seq = level == "sequence" and seq.numel() > 0
     if per_seq:
         m[f"{p}_max"], m[f"{p}_min"] = seq.max().item(), seq.min().item()
         m[f"{p}_fraction_high"] = (seq > rollout_rs_threshold).float().mean().item()
-        m[f"{p}_fraction_low"] = (seq < rollout_rs_threshold_lower).float().mean().item() if apply_lower_threshold else 0.0
+        m[f"{p}_fraction_low"] = (
+            (seq < rollout_rs_threshold_lower).float().mean().item() if apply_lower_threshold else 0.0
+        )
     else:
         m[f"{p}_max"] = rs_statistic.masked_fill(~valid, -float("inf")).max().item()
         m[f"{p}_min"] = rs_statistic.masked_fill(~valid, float("inf")).min().item()
-        m[f"{p}_fraction_high"] = verl_F.masked_mean((rs_statistic > rollout_rs_threshold).float(), response_mask).item()
+        m[f"{p}_fraction_high"] = verl_F.masked_mean(
+            (rs_statistic > rollout_rs_threshold).float(), response_mask
+        ).item()
         m[f"{p}_fraction_low"] = (
             verl_F.masked_mean((rs_statistic < rollout_rs_threshold_lower).float(), response_mask).item()
-            if apply_lower_threshold else 0.0
+            if apply_lower_threshold
+            else 0.0
         )
     if response_mask.sum() > 1:
-        clamped = rs_statistic.clamp(min=rollout_rs_threshold_lower if apply_lower_threshold else 0.0, max=rollout_rs_threshold)
+        clamped = rs_statistic.clamp(
+            min=rollout_rs_threshold_lower if apply_lower_threshold else 0.0, max=rollout_rs_threshold
+        )
         mean_c = verl_F.masked_mean(clamped, response_mask)
         var = verl_F.masked_mean(clamped.square(), response_mask) - mean_c.square()
         m[f"{p}_std"] = torch.sqrt(torch.clamp(var, min=0.0)).item()
@@ -625,7 +657,15 @@ def compute_rs_metrics(
         if apply_lower_threshold:
             m[f"{p}_seq_fraction_low"] = (seq < rollout_rs_threshold_lower).float().mean().item()
     else:
-        for key in ("seq_mean", "seq_std", "seq_max", "seq_min", "seq_max_deviation", "seq_fraction_high", "seq_fraction_low"):
+        for key in (
+            "seq_mean",
+            "seq_std",
+            "seq_max",
+            "seq_min",
+            "seq_max_deviation",
+            "seq_fraction_high",
+            "seq_fraction_low",
+        ):
             m[f"{p}_{key}"] = 0.0
     return m
 
@@ -685,7 +725,10 @@ def compute_offpolicy_metrics(
 
 
 def compute_mismatch_metrics(
-    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor, prefix: str = "rollout_mismatch/"
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    prefix: str = "rollout_mismatch/",
 ) -> dict[str, float]:
     """Our own mismatch summary (the worker's `compute_log_prob` reports it as `rollout_mismatch/*`
     whenever rollout log-probs are present, with or without rollout correction), python floats:
@@ -708,7 +751,9 @@ def compute_mismatch_metrics(
     def seq_avg(x: torch.Tensor) -> torch.Tensor:
         return torch.where(seq_ok, x, torch.zeros_like(x)).sum() / n_seq
 
-    abs_max = torch.where(mask, log_ratio.abs(), torch.zeros_like(log_ratio)).max() if log_ratio.numel() else torch.zeros(())
+    abs_max = (
+        torch.where(mask, log_ratio.abs(), torch.zeros_like(log_ratio)).max() if log_ratio.numel() else torch.zeros(())
+    )
     out = {
         "kl_k1": verl_F.masked_mean(token_kl_estimate(log_ratio, "k1"), mask),
         "kl_k3": verl_F.masked_mean(token_kl_estimate(log_ratio, "k3"), mask),
@@ -762,9 +807,13 @@ def compute_rollout_correction_and_rejection_mask(
     if not response_mask.any():
         raise ValueError("response_mask must contain at least one valid token (1).")
     if old_log_prob.shape != rollout_log_prob.shape:
-        raise ValueError(f"old_log_prob shape {tuple(old_log_prob.shape)} does not match rollout_log_prob shape {tuple(rollout_log_prob.shape)}.")
+        raise ValueError(
+            f"old_log_prob shape {tuple(old_log_prob.shape)} does not match rollout_log_prob shape {tuple(rollout_log_prob.shape)}."
+        )
     if old_log_prob.shape != response_mask.shape:
-        raise ValueError(f"log_prob shape {tuple(old_log_prob.shape)} does not match response_mask shape {tuple(response_mask.shape)}.")
+        raise ValueError(
+            f"log_prob shape {tuple(old_log_prob.shape)} does not match response_mask shape {tuple(response_mask.shape)}."
+        )
     log_ratio = (old_log_prob - rollout_log_prob).detach()
     metrics: dict[str, float] = {}
     weights = None
@@ -776,8 +825,12 @@ def compute_rollout_correction_and_rejection_mask(
     new_mask = response_mask.clone()
     if rollout_rs is not None:
         new_mask, rs_metrics = compute_rollout_rejection_mask(
-            log_ratio, response_mask, rollout_rs, rollout_rs_threshold,
-            old_log_prob=old_log_prob.detach(), rollout_log_prob=rollout_log_prob.detach(),
+            log_ratio,
+            response_mask,
+            rollout_rs,
+            rollout_rs_threshold,
+            old_log_prob=old_log_prob.detach(),
+            rollout_log_prob=rollout_log_prob.detach(),
             rollout_rs_threshold_lower=rollout_rs_threshold_lower,
         )
         metrics.update(rs_metrics)
@@ -872,6 +925,8 @@ def compute_rollout_correction(
             _sum_over_ranks(torch.zeros(2, dtype=torch.float64))  # the other ranks normalise: take part
         weights = torch.zeros_like(old_log_prob, dtype=torch.float32) if kwargs["rollout_is"] is not None else None
         return weights, response_mask, {}
-    proto, new_mask, metrics = compute_rollout_correction_and_rejection_mask(old_log_prob, rollout_log_prob, response_mask, **kwargs)
+    proto, new_mask, metrics = compute_rollout_correction_and_rejection_mask(
+        old_log_prob, rollout_log_prob, response_mask, **kwargs
+    )
     weights = proto.batch["rollout_is_weights"] if proto is not None else None
     return weights, new_mask.to(response_mask.dtype), metrics

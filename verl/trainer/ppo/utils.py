@@ -43,14 +43,31 @@ class Role(Enum):
 
 # estimators whose baseline comes from the other responses of the same prompt: rollout.n must be > 1
 GROUP_ESTIMATORS = frozenset(
-    {"grpo", "grpo_vectorized", "grpo_passk", "grpo_process", "rloo", "rloo_vectorized",
-     "reinforce_plus_plus_baseline", "opo", "gpg"}
+    {
+        "grpo",
+        "grpo_vectorized",
+        "grpo_passk",
+        "grpo_process",
+        "rloo",
+        "rloo_vectorized",
+        "reinforce_plus_plus_baseline",
+        "opo",
+        "gpg",
+    }
 )
 # estimators that need a value model
 CRITIC_ESTIMATORS = frozenset({"gae"})
 
-TOP_LEVEL_SECTIONS = ("data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function",
-                      "algorithm", "trainer", "ray_kwargs")
+TOP_LEVEL_SECTIONS = (
+    "data",
+    "actor_rollout_ref",
+    "critic",
+    "reward_model",
+    "custom_reward_function",
+    "algorithm",
+    "trainer",
+    "ray_kwargs",
+)
 ACTOR_ROLLOUT_REF_KEYS = ("hybrid_engine", "model", "actor", "ref", "rollout")
 # dotted section -> the dataclass it is converted into (for key listings and suggestions)
 SECTION_DATACLASSES: dict[str, type] = {
@@ -150,8 +167,15 @@ def _sections(config: Any) -> dict:
     return OmegaConf.create(config)
 
 
-def check_batch_sizes(data: DataConfig, actor: ActorConfig, critic: CriticConfig, rollout: RolloutConfig,
-                      n_workers: int, use_critic: bool, critic_workers: int | None = None) -> None:
+def check_batch_sizes(
+    data: DataConfig,
+    actor: ActorConfig,
+    critic: CriticConfig,
+    rollout: RolloutConfig,
+    n_workers: int,
+    use_critic: bool,
+    critic_workers: int | None = None,
+) -> None:
     """The batch-size rules of docs/batch_sizes.md, with the numbers in every message.
 
     - `data.train_batch_size * rollout.n` sequences are split over the `n_workers` data-parallel
@@ -169,10 +193,20 @@ def check_batch_sizes(data: DataConfig, actor: ActorConfig, critic: CriticConfig
             f"cannot be split evenly over {n_workers} data-parallel workers (trainer.nnodes * trainer.n_gpus_per_node); "
             f"choose a train_batch_size with train_batch_size * n divisible by {n_workers}"
         )
-    groups = [("actor_rollout_ref.actor", actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz, n_workers)]
+    groups = [
+        (
+            "actor_rollout_ref.actor",
+            actor.ppo_mini_batch_size,
+            actor.ppo_micro_batch_size_per_gpu,
+            actor.use_dynamic_bsz,
+            n_workers,
+        )
+    ]
     if use_critic:
         cw = critic_workers or n_workers
-        groups.append(("critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz, cw))
+        groups.append(
+            ("critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz, cw)
+        )
     for owner, mini, micro, dynamic, n_workers in groups:
         if mini > data.train_batch_size:
             raise ValueError(
@@ -193,7 +227,9 @@ def check_batch_sizes(data: DataConfig, actor: ActorConfig, critic: CriticConfig
             )
         per_worker = mini_seqs // n_workers
         if not dynamic and micro is None:
-            raise ValueError(f"{owner}.ppo_micro_batch_size_per_gpu is null and {owner}.use_dynamic_bsz=False: set one of them")
+            raise ValueError(
+                f"{owner}.ppo_micro_batch_size_per_gpu is null and {owner}.use_dynamic_bsz=False: set one of them"
+            )
         if not dynamic and per_worker % micro:
             raise ValueError(
                 f"{owner}.ppo_micro_batch_size_per_gpu={micro} does not divide the per-worker mini-batch "
@@ -250,7 +286,9 @@ def validate_config(config: Any) -> ValidatedConfig:
         rollout=rollout_cfg,
         critic=conv(cfg.get("critic"), CriticConfig, _path="critic"),
         reward_model=conv(cfg.get("reward_model"), RewardModelConfig, _path="reward_model"),
-        custom_reward_function=conv(cfg.get("custom_reward_function"), CustomRewardFunctionConfig, _path="custom_reward_function"),
+        custom_reward_function=conv(
+            cfg.get("custom_reward_function"), CustomRewardFunctionConfig, _path="custom_reward_function"
+        ),
         algorithm=conv(cfg.get("algorithm"), AlgoConfig, _path="algorithm"),
         trainer=conv(cfg.get("trainer"), TrainerConfig, _path="trainer"),
         ray_kwargs=conv(cfg.get("ray_kwargs"), RayKwargsConfig, _path="ray_kwargs"),
@@ -277,7 +315,9 @@ def validate_config(config: Any) -> ValidatedConfig:
             "listed in trainer.external_modules)"
         )
     if algo.kl_penalty not in core_algos.KL_PENALTY_TYPES:
-        raise ValueError(f"algorithm.kl_penalty={algo.kl_penalty!r} is not a KL estimator; expected one of {list(core_algos.KL_PENALTY_TYPES)}")
+        raise ValueError(
+            f"algorithm.kl_penalty={algo.kl_penalty!r} is not a KL estimator; expected one of {list(core_algos.KL_PENALTY_TYPES)}"
+        )
     if algo.use_kl_in_reward and algo.kl_penalty == "full":
         raise ValueError(
             "algorithm.kl_penalty='full' needs whole-vocabulary distributions, but the KL in the reward is computed "
@@ -293,16 +333,22 @@ def validate_config(config: Any) -> ValidatedConfig:
             "gives one response per prompt (every advantage would be 0); set actor_rollout_ref.rollout.n >= 2"
         )
     if algo.filter_groups.enable and rollout.n == 1:
-        raise ValueError("algorithm.filter_groups.enable=True drops groups without reward variance; it needs actor_rollout_ref.rollout.n >= 2")
+        raise ValueError(
+            "algorithm.filter_groups.enable=True drops groups without reward variance; it needs actor_rollout_ref.rollout.n >= 2"
+        )
     if est == "grpo_process" and algo.use_kl_in_reward:
         raise ValueError(
             "algorithm.adv_estimator='grpo_process' normalises step rewards, but algorithm.use_kl_in_reward=True puts a "
             "KL penalty on every token (each would count as a step); use actor_rollout_ref.actor.use_kl_loss=True instead"
         )
     if est in CRITIC_ESTIMATORS and not v.use_critic:
-        raise ValueError(f"algorithm.adv_estimator={est!r} needs a value model, but critic.enable=False; set critic.enable=True or null")
+        raise ValueError(
+            f"algorithm.adv_estimator={est!r} needs a value model, but critic.enable=False; set critic.enable=True or null"
+        )
     if est == "remax" and not rollout.do_sample:
-        raise ValueError("algorithm.adv_estimator=remax compares sampled responses with a greedy one; actor_rollout_ref.rollout.do_sample must be True")
+        raise ValueError(
+            "algorithm.adv_estimator=remax compares sampled responses with a greedy one; actor_rollout_ref.rollout.do_sample must be True"
+        )
     if algo.use_kl_in_reward and actor.use_kl_loss:
         warnings.warn(
             "both algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are on: the KL to the reference "
@@ -321,13 +367,22 @@ def validate_config(config: Any) -> ValidatedConfig:
             f"data.max_response_length={v.data.max_response_length}; leave the rollout key at its default (it follows data)"
         )
     critic_pool = v.trainer.role_pools.get("critic")
-    check_batch_sizes(v.data, actor, v.critic, rollout, v.n_workers, v.use_critic,
-                      critic_workers=sum(critic_pool) if critic_pool else None)
+    check_batch_sizes(
+        v.data,
+        actor,
+        v.critic,
+        rollout,
+        v.n_workers,
+        v.use_critic,
+        critic_workers=sum(critic_pool) if critic_pool else None,
+    )
     tr = v.trainer
     resolve_device(tr.device)
     check_backends_available(tr.logger)
     if tr.critic_warmup and not v.use_critic:
-        raise ValueError(f"trainer.critic_warmup={tr.critic_warmup} needs a critic (algorithm.adv_estimator=gae or critic.enable=True)")
+        raise ValueError(
+            f"trainer.critic_warmup={tr.critic_warmup} needs a critic (algorithm.adv_estimator=gae or critic.enable=True)"
+        )
     check_paths_exist(v)
     check_callbacks(tr.callbacks)
     check_rollout_engine(rollout)
@@ -350,13 +405,20 @@ def check_callbacks(specs: list[str]) -> None:
     for spec in specs:
         cls = load_object(str(spec), what="trainer.callbacks entry")
         if not (isinstance(cls, type) and issubclass(cls, TrainerCallback)):
-            raise TypeError(f"trainer.callbacks entry {spec!r} is {cls!r}, not a subclass of "
-                            "verl.trainer.ppo.ray_trainer.TrainerCallback")
+            raise TypeError(
+                f"trainer.callbacks entry {spec!r} is {cls!r}, not a subclass of "
+                "verl.trainer.ppo.ray_trainer.TrainerCallback"
+            )
 
 
 def _is_local_path(path: str) -> bool:
     """A path the user means as local (absolute, ~ or relative with ./ ../), not a hub id `org/name`."""
-    return path.startswith(("/", "~", "./", "../")) or os.path.splitext(path)[1] in (".parquet", ".jsonl", ".json", ".py")
+    return path.startswith(("/", "~", "./", "../")) or os.path.splitext(path)[1] in (
+        ".parquet",
+        ".jsonl",
+        ".json",
+        ".py",
+    )
 
 
 def check_paths_exist(v: ValidatedConfig) -> None:
@@ -381,9 +443,11 @@ def check_paths_exist(v: ValidatedConfig) -> None:
                 continue
             item = str(item)
             if is_non_local(item):
-                raise NotImplementedError(f"{key}={item!r}: remote storage is not supported; copy it to a local path first")
+                raise NotImplementedError(
+                    f"{key}={item!r}: remote storage is not supported; copy it to a local path first"
+                )
             if item.startswith("file://"):
-                item = item[len("file://"):]
+                item = item[len("file://") :]
             elif "://" in item:
                 continue  # another scheme: left to the loader that reads it
             if _is_local_path(item) and not os.path.exists(os.path.expanduser(item)):
@@ -423,7 +487,9 @@ def check_roles_colocated(cfg: Any) -> None:
     `actor_rollout_ref.hybrid_engine` must be true and `trainer.role_pools` has no rollout/actor."""
     from verl.utils.config import check_value_type
 
-    hybrid = check_value_type(_get(cfg, "actor_rollout_ref.hybrid_engine", True), bool, "actor_rollout_ref.hybrid_engine")
+    hybrid = check_value_type(
+        _get(cfg, "actor_rollout_ref.hybrid_engine", True), bool, "actor_rollout_ref.hybrid_engine"
+    )
     if not hybrid:
         raise ValueError(f"actor_rollout_ref.hybrid_engine=False: {_STANDALONE_ROLLOUT}")
     pools = _get(cfg, "trainer.role_pools") or {}
@@ -437,9 +503,11 @@ def import_user_modules(cfg: Any) -> None:
     """`import_external_libs` on every user module, with the config key in the error."""
     from verl.utils.import_utils import import_external_libs
 
-    for key, mods in (("trainer.external_modules", _get(cfg, "trainer.external_modules") or []),
-                      ("actor_rollout_ref.model.external_lib", _get(cfg, "actor_rollout_ref.model.external_lib")),
-                      ("VERL_USE_EXTERNAL_MODULES", os.environ.get("VERL_USE_EXTERNAL_MODULES", ""))):
+    for key, mods in (
+        ("trainer.external_modules", _get(cfg, "trainer.external_modules") or []),
+        ("actor_rollout_ref.model.external_lib", _get(cfg, "actor_rollout_ref.model.external_lib")),
+        ("VERL_USE_EXTERNAL_MODULES", os.environ.get("VERL_USE_EXTERNAL_MODULES", "")),
+    ):
         if isinstance(mods, str):
             mods = [mods]
         entries = [str(m) for m in (mods or []) if m is not None and str(m).strip()]
@@ -481,7 +549,9 @@ def check_rollout_engine(rollout: RolloutConfig) -> None:
 
             close = closest_keys(str(key), HF_ENGINE_KWARGS)
             hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-            raise ValueError(f"{where}: the hf engine reads no such key{hint}; accepted keys: {sorted(HF_ENGINE_KWARGS)}")
+            raise ValueError(
+                f"{where}: the hf engine reads no such key{hint}; accepted keys: {sorted(HF_ENGINE_KWARGS)}"
+            )
         if key == "separate_copy" and not isinstance(value, bool):
             raise ValueError(f"{where}={value!r}: expected {HF_ENGINE_KWARGS[key]}")
         if key == "sync_check_tol" and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -503,7 +573,11 @@ def check_checkpoint_contents(owner: str, checkpoint: Any) -> None:
 
     # a dataclass section has refused unknown keys already; its other fields are its own business
     typed = dataclasses.is_dataclass(checkpoint)
-    section = {k: getattr(checkpoint, k) for k in CHECKPOINT_KEYS if hasattr(checkpoint, k)} if typed else dict(checkpoint or {})
+    section = (
+        {k: getattr(checkpoint, k) for k in CHECKPOINT_KEYS if hasattr(checkpoint, k)}
+        if typed
+        else dict(checkpoint or {})
+    )
     allowed = BaseCheckpointManager.ALLOWED_CONTENTS
     for key, value in section.items():
         where = f"{owner}.checkpoint.{key}"
@@ -512,7 +586,9 @@ def check_checkpoint_contents(owner: str, checkpoint: Any) -> None:
         if key not in CHECKPOINT_KEYS:
             close = closest_keys(str(key), CHECKPOINT_KEYS)
             hint = f" (did you mean {' or '.join(owner + '.checkpoint.' + c for c in close)}?)" if close else ""
-            raise ValueError(f"{where}: the checkpoint manager reads no such key{hint}; accepted keys: {list(CHECKPOINT_KEYS)}")
+            raise ValueError(
+                f"{where}: the checkpoint manager reads no such key{hint}; accepted keys: {list(CHECKPOINT_KEYS)}"
+            )
         if value is None:
             continue
         if key == "save_lora_only":
@@ -550,9 +626,13 @@ def check_reward_functions(v: ValidatedConfig) -> None:
         try:
             fn = load_extern_type(crf.path, crf.name)
         except (ImportError, FileNotFoundError, AttributeError) as exc:
-            raise type(exc)(f"custom_reward_function.path={crf.path!r}, custom_reward_function.name={crf.name!r}: {exc}") from exc
+            raise type(exc)(
+                f"custom_reward_function.path={crf.path!r}, custom_reward_function.name={crf.name!r}: {exc}"
+            ) from exc
         if not callable(fn):
-            raise TypeError(f"custom_reward_function.name={crf.name!r} in {crf.path!r} is a {type(fn).__name__}; expected a function")
+            raise TypeError(
+                f"custom_reward_function.name={crf.name!r} in {crf.path!r} is a {type(fn).__name__}; expected a function"
+            )
         for key in kwargs:
             var_kw, names = _accepted_kwargs(fn, REWARD_FN_ARGS)
             if key in REWARD_FN_ARGS or not (var_kw or key in names):
@@ -593,7 +673,9 @@ def check_gae_lambda(algo: AlgoConfig) -> None:
 
         fn = core_algos._resolve_callable(algo.lam)  # raises naming algorithm.lam and the registered names
         if not callable(fn):
-            raise TypeError(f"algorithm.lam={algo.lam!r} is not callable; expected a number in [0, 1] or a lambda function")
+            raise TypeError(
+                f"algorithm.lam={algo.lam!r} is not callable; expected a number in [0, 1] or a lambda function"
+            )
 
 
 def _offline_reason(repo_id: str) -> str | None:
@@ -672,6 +754,12 @@ def check_run_inputs(v: ValidatedConfig) -> None:
                 "expected a global_step_N directory written by a finished save"
             )
     custom = v.data.custom_cls
-    if custom.path and "://" not in custom.path and not os.path.exists(os.path.expanduser(custom.path)) \
-            and (custom.path.endswith(".py") or _is_local_path(custom.path)):
-        raise FileNotFoundError(f"data.custom_cls.path={custom.path!r}: no such file or directory (resolved from {os.getcwd()!r})")
+    if (
+        custom.path
+        and "://" not in custom.path
+        and not os.path.exists(os.path.expanduser(custom.path))
+        and (custom.path.endswith(".py") or _is_local_path(custom.path))
+    ):
+        raise FileNotFoundError(
+            f"data.custom_cls.path={custom.path!r}: no such file or directory (resolved from {os.getcwd()!r})"
+        )

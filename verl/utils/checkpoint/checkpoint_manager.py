@@ -79,7 +79,15 @@ class BaseCheckpointManager:
 
     ALLOWED_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
-    def __init__(self, model, optimizer=None, lr_scheduler=None, processing_class=None, checkpoint_config=None, process_group=None):
+    def __init__(
+        self,
+        model,
+        optimizer=None,
+        lr_scheduler=None,
+        processing_class=None,
+        checkpoint_config=None,
+        process_group=None,
+    ):
         self.model = model
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -171,7 +179,9 @@ class BaseCheckpointManager:
 
     # -- interface -----------------------------------------------------------------------------
 
-    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None):
+    def save_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    ):
         raise NotImplementedError
 
     def load_checkpoint(self, local_path: str | None, hdfs_path: str | None = None, del_local_after_load: bool = False):

@@ -108,7 +108,9 @@ def _load_hf_weights(in_dir: str) -> dict[str, torch.Tensor]:
     try:
         return load_file(path)
     except Exception as exc:  # noqa: BLE001 - safetensors' decoder errors do not name the file
-        raise CheckpointCorruptError(f"checkpoint weights {path} cannot be read ({type(exc).__name__}: {exc})", path) from exc
+        raise CheckpointCorruptError(
+            f"checkpoint weights {path} cannot be read ({type(exc).__name__}: {exc})", path
+        ) from exc
 
 
 def _is_peft(model) -> bool:
@@ -137,8 +139,11 @@ def save_lora_adapter(model, state_dict: dict[str, torch.Tensor], out_dir: str, 
     os.makedirs(out_dir, exist_ok=True)
     model.peft_config["default"].save_pretrained(out_dir)
     adapter = get_peft_model_state_dict(model, state_dict=state_dict)
-    save_file({k: v.detach().cpu().contiguous() for k, v in adapter.items()}, os.path.join(out_dir, "adapter_model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in adapter.items()},
+        os.path.join(out_dir, "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
     if processing_class is not None:
         processing_class.save_pretrained(out_dir)
 
@@ -159,7 +164,9 @@ def load_lora_adapter(model, in_dir: str) -> None:
     missing = sorted(set(key_map) - set(saved))
     unexpected = sorted(set(saved) - set(key_map))
     if missing or unexpected:
-        raise RuntimeError(f"LoRA adapter {path} does not match the model's adapter: missing {missing[:10]}, unexpected {unexpected[:10]}")
+        raise RuntimeError(
+            f"LoRA adapter {path} does not match the model's adapter: missing {missing[:10]}, unexpected {unexpected[:10]}"
+        )
     load_full_state_dict(model, {key_map[k]: v for k, v in saved.items()}, strict=False)
 
 
@@ -170,13 +177,29 @@ class FSDPCheckpointManager(BaseCheckpointManager):
     collective). See the module docstring for the layout.
     """
 
-    def __init__(self, model, optimizer=None, lr_scheduler=None, processing_class=None, checkpoint_config=None, process_group=None):
-        super().__init__(model, optimizer, lr_scheduler, processing_class=processing_class, checkpoint_config=checkpoint_config,
-                         process_group=process_group)
+    def __init__(
+        self,
+        model,
+        optimizer=None,
+        lr_scheduler=None,
+        processing_class=None,
+        checkpoint_config=None,
+        process_group=None,
+    ):
+        super().__init__(
+            model,
+            optimizer,
+            lr_scheduler,
+            processing_class=processing_class,
+            checkpoint_config=checkpoint_config,
+            process_group=process_group,
+        )
         # LoRA: write only the adapter, no merged export (upstream's checkpoint.save_lora_only)
         self.save_lora_only = bool(dict(checkpoint_config or {}).get("save_lora_only", False))
 
-    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None):
+    def save_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    ):
         if local_path is None:
             raise ValueError("save_checkpoint: local_path is None")
         if hdfs_path is not None and "://" in hdfs_path:
@@ -195,8 +218,11 @@ class FSDPCheckpointManager(BaseCheckpointManager):
                 shutil.rmtree(staging, ignore_errors=True)  # give the space back; the previous copy is untouched
             cause = disk_full_cause(exc, staging)
             if cause:
-                raise OSError(errno.ENOSPC, f"saving the checkpoint of step {global_step} into {local_path} failed on "
-                              f"rank {self.rank}: {cause}") from exc
+                raise OSError(
+                    errno.ENOSPC,
+                    f"saving the checkpoint of step {global_step} into {local_path} failed on "
+                    f"rank {self.rank}: {cause}",
+                ) from exc
             raise
         self._commit_atomic(staging, local_path)
         self._apply_retention(local_path, max_ckpt_to_keep)
@@ -218,7 +244,9 @@ class FSDPCheckpointManager(BaseCheckpointManager):
             if "hf_model" in contents or not self.save_lora_only:
                 merged = get_lora_merged_state_dict(self.model)  # collective
                 if self.rank == 0:
-                    _save_hf_weights(self.model.get_base_model(), merged, os.path.join(staging, HF_DIR), self.processing_class)
+                    _save_hf_weights(
+                        self.model.get_base_model(), merged, os.path.join(staging, HF_DIR), self.processing_class
+                    )
                 del merged
         elif contents & {"model", "hf_model"}:
             state_dict = get_full_state_dict(self.model)  # collective
@@ -280,7 +308,9 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         if os.path.isdir(local_path):
             verify_manifest(local_path, only=[META_FILE])  # a lost or damaged meta file is named as such
         if not os.path.exists(meta_path):
-            raise FileNotFoundError(f"{local_path} is not a checkpoint written by FSDPCheckpointManager (no {META_FILE})")
+            raise FileNotFoundError(
+                f"{local_path} is not a checkpoint written by FSDPCheckpointManager (no {META_FILE})"
+            )
         with open(meta_path) as f:
             meta = json.load(f)
         contents = set(self.load_contents)
@@ -288,7 +318,9 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         available = saved | ({"model", "hf_model"} if saved & {"model", "hf_model"} else set())
         missing = sorted(contents - available)
         if missing:
-            raise ValueError(f"checkpoint {local_path} does not contain {missing} (it has {sorted(saved)}); adjust checkpoint.load_contents")
+            raise ValueError(
+                f"checkpoint {local_path} does not contain {missing} (it has {sorted(saved)}); adjust checkpoint.load_contents"
+            )
 
         same_world = meta.get("world_size") == self.world_size
         rank_file = _extra_file(meta["world_size"], self.rank if same_world else 0)
@@ -296,14 +328,19 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         if contents & {"model", "hf_model"}:
             lora_weights = os.path.join(LORA_DIR, "adapter_model.safetensors")
             lora_saved = os.path.exists(os.path.join(local_path, lora_weights))
-            reads.append(lora_weights if _is_peft(self.model) and lora_saved else os.path.join(HF_DIR, "model.safetensors"))
+            reads.append(
+                lora_weights if _is_peft(self.model) and lora_saved else os.path.join(HF_DIR, "model.safetensors")
+            )
         if "optimizer" in contents and self.optimizer is not None:
             reads.append(OPTIM_FILE)
         if "extra" in contents:
             reads.append(rank_file)
         if not verify_manifest(local_path, only=reads) and self.rank == 0:
-            logger.warning("checkpoint %s has no %s (written by an older version): its files are not verified",
-                           local_path, MANIFEST_FILE)
+            logger.warning(
+                "checkpoint %s has no %s (written by an older version): its files are not verified",
+                local_path,
+                MANIFEST_FILE,
+            )
 
         if contents & {"model", "hf_model"} and _is_peft(self.model):
             # the base is frozen and was built from model.path; only the adapter is restored

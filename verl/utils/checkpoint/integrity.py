@@ -85,8 +85,12 @@ def disk_full_cause(exc: BaseException, path: str | None = None) -> str | None:
     e: BaseException | None = exc
     while e is not None and seen < 10:
         text = str(e)
-        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "no space left" in text.lower() \
-                or "ENOSPC" in text or "unexpected pos" in text:
+        if (
+            (isinstance(e, OSError) and e.errno == errno.ENOSPC)
+            or "no space left" in text.lower()
+            or "ENOSPC" in text
+            or "unexpected pos" in text
+        ):
             break
         e = e.__cause__ or e.__context__
         seen += 1
@@ -129,10 +133,13 @@ def load_plain(path: str) -> Any:
             what = f" ({found.group(1)})" if found else ""
             raise CheckpointCorruptError(
                 f"checkpoint file {path} holds an object other than tensors and plain containers{what}; refused: "
-                "loading it could run code. Re-save the state as plain tensors/containers", path) from exc
+                "loading it could run code. Re-save the state as plain tensors/containers",
+                path,
+            ) from exc
         raise CheckpointCorruptError(
             f"checkpoint file {path} cannot be read, it is damaged ({type(exc).__name__}: {text.splitlines()[0][:300] if text else ''})",
-            path) from exc
+            path,
+        ) from exc
 
 
 def rng_state_to_plain(state: dict) -> dict:
@@ -236,7 +243,9 @@ def verify_manifest(directory: str, recursive: bool = True, only: list[str] | No
         if size != info["size"]:
             raise CheckpointCorruptError(
                 f"checkpoint file {path} is {'truncated' if size < info['size'] else 'changed'}: {size} bytes, the "
-                f"manifest says {info['size']}", path)
+                f"manifest says {info['size']}",
+                path,
+            )
         if _sha256(path) != info["sha256"]:
             raise CheckpointCorruptError(f"checkpoint file {path} is damaged: its SHA-256 differs from {mpath}", path)
         if recursive and os.path.basename(rel) == MANIFEST_FILE and os.path.dirname(rel):

@@ -100,8 +100,18 @@ class StatefulDataLoader:
         seed: seed of the internal shuffling sampler.
     """
 
-    def __init__(self, dataset, batch_size: int = 1, shuffle: bool | None = None, sampler: Sampler | None = None,
-                 num_workers: int = 0, collate_fn=None, drop_last: bool = False, seed: int | None = None, **kwargs):
+    def __init__(
+        self,
+        dataset,
+        batch_size: int = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler | None = None,
+        num_workers: int = 0,
+        collate_fn=None,
+        drop_last: bool = False,
+        seed: int | None = None,
+        **kwargs,
+    ):
         if batch_size is None or int(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if sampler is not None and shuffle:
@@ -115,7 +125,11 @@ class StatefulDataLoader:
         self.drop_last = drop_last
         self._loader_kwargs = kwargs
         if sampler is None:
-            sampler = SeededRandomSampler(dataset, seed=0 if seed is None else seed) if shuffle else SequentialSampler(dataset)
+            sampler = (
+                SeededRandomSampler(dataset, seed=0 if seed is None else seed)
+                if shuffle
+                else SequentialSampler(dataset)
+            )
         self.sampler = sampler
         self._epoch = 0  # epoch number of the pass in progress (or the next one)
         self._order: list[int] | None = None  # index order of the pass in progress
@@ -145,10 +159,16 @@ class StatefulDataLoader:
                 self._epoch = epoch
             self._order = list(iter(self.sampler))
             self._yielded = 0
-        remaining = self._order[self._yielded * self.batch_size:]
-        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=_FixedOrderSampler(remaining),
-                            num_workers=self.num_workers, collate_fn=self.collate_fn, drop_last=self.drop_last,
-                            **self._loader_kwargs)
+        remaining = self._order[self._yielded * self.batch_size :]
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            sampler=_FixedOrderSampler(remaining),
+            num_workers=self.num_workers,
+            collate_fn=self.collate_fn,
+            drop_last=self.drop_last,
+            **self._loader_kwargs,
+        )
         for batch in loader:
             self._yielded += 1
             yield batch
@@ -190,8 +210,14 @@ class StatefulDataLoader:
     def load_state_dict(self, state: dict) -> None:
         """Restore a position saved by `state_dict()`; the next iteration continues from it."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported StatefulDataLoader state version {state.get('version')!r} (expected {STATE_VERSION})")
-        for key, mine in (("batch_size", self.batch_size), ("num_samples", len(self.sampler)), ("drop_last", self.drop_last)):
+            raise ValueError(
+                f"unsupported StatefulDataLoader state version {state.get('version')!r} (expected {STATE_VERSION})"
+            )
+        for key, mine in (
+            ("batch_size", self.batch_size),
+            ("num_samples", len(self.sampler)),
+            ("drop_last", self.drop_last),
+        ):
             if state[key] != mine:
                 raise ValueError(
                     f"cannot resume the data loader: saved {key}={state[key]} but this loader has {key}={mine}; "
@@ -203,7 +229,9 @@ class StatefulDataLoader:
                 self.sampler.load_state_dict(sampler_state["state"])
             elif sampler_state["kind"] == "generator":
                 if not isinstance(self.sampler, RandomSampler) or self.sampler.generator is None:
-                    raise ValueError("saved state is for a RandomSampler with a generator, but this loader's sampler is not")
+                    raise ValueError(
+                        "saved state is for a RandomSampler with a generator, but this loader's sampler is not"
+                    )
                 self.sampler.generator.set_state(sampler_state["state"])
             else:
                 raise ValueError(f"unknown sampler state kind {sampler_state['kind']!r}")

@@ -65,7 +65,9 @@ def read_file_rows(path: str) -> list[dict]:
             raise ValueError(f"{path} (line {e.lineno}): not a valid JSON array ({e.msg})") from e
         for i, row in enumerate(rows):
             if not isinstance(row, dict):
-                raise ValueError(f"{path} (row {i}): expected a JSON object per array element, got {type(row).__name__}")
+                raise ValueError(
+                    f"{path} (row {i}): expected a JSON object per array element, got {type(row).__name__}"
+                )
         return rows
     rows = []
     # split on "\n" only: str.splitlines would also cut at U+2028 etc., which JSON strings may hold raw
@@ -75,7 +77,9 @@ def read_file_rows(path: str) -> list[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path} (line {line_no + 1}): not valid JSON ({e.msg}); expected one object per line") from e
+            raise ValueError(
+                f"{path} (line {line_no + 1}): not valid JSON ({e.msg}); expected one object per line"
+            ) from e
         if not isinstance(row, dict):
             raise ValueError(f"{path} (line {line_no + 1}): expected a JSON object per line, got {type(row).__name__}")
         rows.append(row)

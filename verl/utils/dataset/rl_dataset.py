@@ -138,7 +138,10 @@ class RLHFDataset(Dataset):
         if self.num_filtered:
             logger.warning(
                 "RLHFDataset: dropped %d of %d prompts longer than max_prompt_length=%d (e.g. %s)",
-                self.num_filtered, len(rows), self.max_prompt_length, "; ".join(filtered_examples),
+                self.num_filtered,
+                len(rows),
+                self.max_prompt_length,
+                "; ".join(filtered_examples),
             )
         if not self.rows:
             raise ValueError(
@@ -168,19 +171,26 @@ class RLHFDataset(Dataset):
         file and row, not at the first scoring of that row (after the workers started). Rows scored
         by a reward model (`style: model`) may leave it null."""
         if not isinstance(rm, dict):
-            raise TypeError(f"{src}: column 'reward_model' must be a dict (struct) with 'ground_truth', got {rm!r:.100}")
+            raise TypeError(
+                f"{src}: column 'reward_model' must be a dict (struct) with 'ground_truth', got {rm!r:.100}"
+            )
         if rm.get("style") == "model":
             return
         if "ground_truth" not in rm:
-            raise KeyError(f"{src}: reward_model has no 'ground_truth' (keys: {sorted(rm)}); every rule-scored row "
-                           "needs one (use style: model for rows scored by a reward model)")
+            raise KeyError(
+                f"{src}: reward_model has no 'ground_truth' (keys: {sorted(rm)}); every rule-scored row "
+                "needs one (use style: model for rows scored by a reward model)"
+            )
         if rm["ground_truth"] is None:
-            raise ValueError(f"{src}: reward_model.ground_truth is null; give every row a ground truth (an empty "
-                             "string if your scoring function ignores it), or drop the row")
+            raise ValueError(
+                f"{src}: reward_model.ground_truth is null; give every row a ground truth (an empty "
+                "string if your scoring function ignores it), or drop the row"
+            )
 
     def _render(self, messages: list[dict]) -> tuple[str, list[int]]:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                  **self.chat_template_kwargs)
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+        )
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return text, list(ids)
 
@@ -194,7 +204,7 @@ class RLHFDataset(Dataset):
             return ids[:m]
         if self.truncation == "middle":
             left = m // 2
-            return np.concatenate([ids[:left], ids[len(ids) - (m - left):]])
+            return np.concatenate([ids[:left], ids[len(ids) - (m - left) :]])
         raise ValueError(f"{src}: prompt has {len(ids)} tokens, more than data.max_prompt_length={m}")
 
     def __len__(self) -> int:
@@ -209,9 +219,9 @@ class RLHFDataset(Dataset):
         attention_mask = torch.zeros(m, dtype=torch.long)
         position_ids = torch.zeros(m, dtype=torch.long)
         if n:
-            input_ids[m - n:] = torch.from_numpy(ids)
-            attention_mask[m - n:] = 1
-            position_ids[m - n:] = torch.arange(n, dtype=torch.long)
+            input_ids[m - n :] = torch.from_numpy(ids)
+            attention_mask[m - n :] = 1
+            position_ids[m - n :] = torch.arange(n, dtype=torch.long)
         out = row
         out["input_ids"] = input_ids
         out["attention_mask"] = attention_mask
@@ -228,8 +238,9 @@ class RLHFDataset(Dataset):
 
 def create_rl_sampler(data_config, dataset):
     """Seeded shuffling sampler (`data.shuffle`, `data.seed`; order = f(seed, epoch)) or a sequential one."""
-    return create_sampler(dataset, shuffle=bool(config_get(data_config, "shuffle", True)),
-                          seed=int(config_get(data_config, "seed", 1)))
+    return create_sampler(
+        dataset, shuffle=bool(config_get(data_config, "shuffle", True)), seed=int(config_get(data_config, "seed", 1))
+    )
 
 
 def create_rl_dataset(data_paths, data_config, tokenizer, processor=None, is_train: bool = True):

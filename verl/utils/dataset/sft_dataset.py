@@ -53,7 +53,9 @@ class SFTDataset(Dataset):
         self.max_length = int(config_get(config, "max_length", 1024))
         self.truncation = config_get(config, "truncation", "error")
         if self.truncation not in TRUNCATION_CHOICES:
-            raise ValueError(f"data.truncation={self.truncation!r} is not allowed for SFT; choose one of {TRUNCATION_CHOICES}")
+            raise ValueError(
+                f"data.truncation={self.truncation!r} is not allowed for SFT; choose one of {TRUNCATION_CHOICES}"
+            )
         self.prompt_key = config_get(config, "prompt_key", "prompt")
         self.response_key = config_get(config, "response_key", "response")
         self.prompt_dict_keys = list(config_get(config, "prompt_dict_keys", []) or [])

@@ -20,7 +20,9 @@ def marked_timer(name: str, timing_raw: dict, color: str | None = None, **kwargs
         timing_raw[name] = timing_raw.get(name, 0.0) + (time.perf_counter() - start)
 
 
-def log_gpu_memory_usage(head: str, logger: logging.Logger | None = None, level: int = logging.DEBUG, rank: int | None = 0) -> str | None:
+def log_gpu_memory_usage(
+    head: str, logger: logging.Logger | None = None, level: int = logging.DEBUG, rank: int | None = 0
+) -> str | None:
     """Log (or print, without `logger`) the accelerator memory in GiB, prefixed by `head`, on
     process rank `rank` (None: every rank). Returns the message, or None when there is no
     CUDA device or this is another rank."""
@@ -28,13 +30,20 @@ def log_gpu_memory_usage(head: str, logger: logging.Logger | None = None, level:
 
     if not torch.cuda.is_available():
         return None
-    if rank is not None and torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != rank:
+    if (
+        rank is not None
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_rank() != rank
+    ):
         return None
     gib = 1024**3
-    message = (f"{head}, memory allocated (GB): {torch.cuda.memory_allocated() / gib:.2f}, "
-               f"memory reserved (GB): {torch.cuda.memory_reserved() / gib:.2f}, "
-               f"device memory used/total (GB): {(torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]) / gib:.2f}/"
-               f"{torch.cuda.mem_get_info()[1] / gib:.2f}")
+    message = (
+        f"{head}, memory allocated (GB): {torch.cuda.memory_allocated() / gib:.2f}, "
+        f"memory reserved (GB): {torch.cuda.memory_reserved() / gib:.2f}, "
+        f"device memory used/total (GB): {(torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]) / gib:.2f}/"
+        f"{torch.cuda.mem_get_info()[1] / gib:.2f}"
+    )
     if logger is None:
         print(message)
     else:

@@ -23,10 +23,25 @@ GSM8K_SOURCES = ("openai/gsm8k",)
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "lighteval/MATH-Hard")
 DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
 DAPO_PREFIX = "aime"
-PRIME_MATH_SOURCES = ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc", "numina_cn_k12", "numina_olympiads")
+PRIME_MATH_SOURCES = (
+    "numina_aops_forum",
+    "numina_synthetic_math",
+    "numina_amc_aime",
+    "numina_synthetic_amc",
+    "numina_cn_k12",
+    "numina_olympiads",
+)
 CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")
 GEO3K_SOURCES = ("hiyouga/geometry3k",)
-SEARCH_R1_SOURCES = ("searchR1_nq", "searchR1_triviaqa", "searchR1_popqa", "searchR1_hotpotqa", "searchR1_2wikimultihopqa", "searchR1_musique", "searchR1_bamboogle")
+SEARCH_R1_SOURCES = (
+    "searchR1_nq",
+    "searchR1_triviaqa",
+    "searchR1_popqa",
+    "searchR1_hotpotqa",
+    "searchR1_2wikimultihopqa",
+    "searchR1_musique",
+    "searchR1_bamboogle",
+)
 TOY_PREFIX = "verl_toy/"
 
 
@@ -34,11 +49,29 @@ def known_data_sources() -> list[str]:
     """Data sources ``default_compute_score`` can score (``aime*`` and toy tasks by prefix)."""
     from verl.utils.reward_score.verl_toy import KNOWN_TASKS
 
-    return [*GSM8K_SOURCES, *MATH_SOURCES, *DAPO_SOURCES, DAPO_PREFIX + "*", *PRIME_MATH_SOURCES, *CODE_SOURCES,
-            *GEO3K_SOURCES, *SEARCH_R1_SOURCES, *(TOY_PREFIX + t for t in KNOWN_TASKS)]
+    return [
+        *GSM8K_SOURCES,
+        *MATH_SOURCES,
+        *DAPO_SOURCES,
+        DAPO_PREFIX + "*",
+        *PRIME_MATH_SOURCES,
+        *CODE_SOURCES,
+        *GEO3K_SOURCES,
+        *SEARCH_R1_SOURCES,
+        *(TOY_PREFIX + t for t in KNOWN_TASKS),
+    ]
 
 
-def _route(data_source, solution_str, ground_truth, extra_info, sandbox_fusion_url, concurrent_semaphore, memory_limit_mb, method):
+def _route(
+    data_source,
+    solution_str,
+    ground_truth,
+    extra_info,
+    sandbox_fusion_url,
+    concurrent_semaphore,
+    memory_limit_mb,
+    method,
+):
     if data_source in GSM8K_SOURCES:
         from verl.utils.reward_score import gsm8k
 
@@ -65,7 +98,9 @@ def _route(data_source, solution_str, ground_truth, extra_info, sandbox_fusion_u
             )
         from verl.utils.reward_score import sandbox_fusion
 
-        return sandbox_fusion.compute_score(sandbox_fusion_url, concurrent_semaphore, memory_limit_mb, solution_str, ground_truth, continuous=True)
+        return sandbox_fusion.compute_score(
+            sandbox_fusion_url, concurrent_semaphore, memory_limit_mb, solution_str, ground_truth, continuous=True
+        )
     if data_source in GEO3K_SOURCES:
         from verl.utils.reward_score import geo3k
 
@@ -77,15 +112,24 @@ def _route(data_source, solution_str, ground_truth, extra_info, sandbox_fusion_u
     if isinstance(data_source, str) and data_source.startswith(TOY_PREFIX):
         from verl.utils.reward_score import verl_toy
 
-        return verl_toy.compute_score(solution_str, ground_truth, task=data_source[len(TOY_PREFIX):])
+        return verl_toy.compute_score(solution_str, ground_truth, task=data_source[len(TOY_PREFIX) :])
     raise NotImplementedError(
         f"Reward function is not implemented for data_source={data_source!r}; known data sources: {', '.join(known_data_sources())}. "
         "Set custom_reward_function.path / .name to score other data."
     )
 
 
-def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, sandbox_fusion_url=None,
-                          concurrent_semaphore=None, memory_limit_mb=None, method="strict", **kwargs) -> float | dict:
+def default_compute_score(
+    data_source,
+    solution_str,
+    ground_truth,
+    extra_info=None,
+    sandbox_fusion_url=None,
+    concurrent_semaphore=None,
+    memory_limit_mb=None,
+    method="strict",
+    **kwargs,
+) -> float | dict:
     """Score one decoded response by its data source (table in the module docstring).
 
     Args:
@@ -99,7 +143,16 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
     Returns:
         a float, or the scorer's dict (``math_dapo``: ``score``/``acc``/``pred``).
     """
-    res = _route(data_source, solution_str, ground_truth, extra_info, sandbox_fusion_url, concurrent_semaphore, memory_limit_mb, method)
+    res = _route(
+        data_source,
+        solution_str,
+        ground_truth,
+        extra_info,
+        sandbox_fusion_url,
+        concurrent_semaphore,
+        memory_limit_mb,
+        method,
+    )
     if isinstance(res, dict):
         return res
     if isinstance(res, (int, float, bool)):
@@ -107,10 +160,19 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
     return float(res[0])
 
 
-def _default_compute_score(data_source, solution_str, ground_truth, extra_info=None, sandbox_fusion_url=None,
-                           concurrent_semaphore=None, memory_limit_mb=None):
+def _default_compute_score(
+    data_source,
+    solution_str,
+    ground_truth,
+    extra_info=None,
+    sandbox_fusion_url=None,
+    concurrent_semaphore=None,
+    memory_limit_mb=None,
+):
     """Older upstream name of `default_compute_score` (same arguments, no ``method``)."""
-    return default_compute_score(data_source, solution_str, ground_truth, extra_info, sandbox_fusion_url, concurrent_semaphore, memory_limit_mb)
+    return default_compute_score(
+        data_source, solution_str, ground_truth, extra_info, sandbox_fusion_url, concurrent_semaphore, memory_limit_mb
+    )
 
 
 def get_default_compute_score(reward_name: str | None = None):

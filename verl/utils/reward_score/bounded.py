@@ -50,8 +50,9 @@ class CallOutcome:
 
     __slots__ = ("ok", "value", "error", "traceback", "timed_out", "fallbacks")
 
-    def __init__(self, ok: bool, value: Any = None, error: str = "", tb: str = "", timed_out: bool = False,
-                 fallbacks: int = 0):
+    def __init__(
+        self, ok: bool, value: Any = None, error: str = "", tb: str = "", timed_out: bool = False, fallbacks: int = 0
+    ):
         self.ok, self.value, self.error, self.traceback = ok, value, error, tb
         self.timed_out, self.fallbacks = timed_out, fallbacks
 
@@ -112,8 +113,9 @@ def call_with_alarm(fn: Callable, kwargs: dict, timeout: float | None) -> CallOu
     except NotImplementedError:
         raise  # no scorer for the data source: a configuration error (see the reward managers)
     except Exception as exc:  # noqa: BLE001 - reported and counted by the reward manager
-        return CallOutcome(False, error=f"{type(exc).__name__}: {exc}", tb=traceback.format_exc(),
-                           fallbacks=_fallback_count() - before)
+        return CallOutcome(
+            False, error=f"{type(exc).__name__}: {exc}", tb=traceback.format_exc(), fallbacks=_fallback_count() - before
+        )
 
 
 # ---------------------------------------------------------------------------------------- workers
@@ -148,7 +150,9 @@ def _worker_main(conn, user_files: list[str], fn_bytes: bytes) -> None:
         try:
             conn.send((idx, out, fallbacks))
         except Exception as exc:  # noqa: BLE001 - e.g. a result that does not pickle
-            conn.send((idx, ("error", None, f"the result {type(out[1]).__name__} cannot be sent back: {exc}", ""), fallbacks))
+            conn.send(
+                (idx, ("error", None, f"the result {type(out[1]).__name__} cannot be sent back: {exc}", ""), fallbacks)
+            )
 
 
 class _Slot:
@@ -191,8 +195,9 @@ class ScorerPool:
     # -- process management --------------------------------------------------------------------
     def _start(self, i: int) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.user_files, self._fn_bytes), daemon=True,
-                                 name=f"verl-scorer-{i}")
+        proc = self._ctx.Process(
+            target=_worker_main, args=(child, self.user_files, self._fn_bytes), daemon=True, name=f"verl-scorer-{i}"
+        )
         proc.start()
         child.close()
         self._slots[i] = _Slot(proc, parent)
@@ -273,12 +278,17 @@ class ScorerPool:
             if slot is None:
                 continue
             if slot.job is not None and slot.deadline is not None and now >= slot.deadline:
-                results[slot.job] = CallOutcome(False, error=f"TimeoutError: the call ran longer than its timeout of "
-                                                f"{timeout} s (its worker process was killed)", timed_out=True)
+                results[slot.job] = CallOutcome(
+                    False,
+                    error=f"TimeoutError: the call ran longer than its timeout of "
+                    f"{timeout} s (its worker process was killed)",
+                    timed_out=True,
+                )
                 self._replace(i)
             elif not slot.ready and now >= slot.started + WORKER_START_TIMEOUT_S:
-                raise RuntimeError(f"a scoring worker process for {self.what} did not start within "
-                                   f"{WORKER_START_TIMEOUT_S:.0f} s")
+                raise RuntimeError(
+                    f"a scoring worker process for {self.what} did not start within {WORKER_START_TIMEOUT_S:.0f} s"
+                )
 
     def _receive(self, i: int, slot: _Slot, results, todo) -> None:
         try:
@@ -299,19 +309,25 @@ class ScorerPool:
         if not slot.proc.is_alive():
             slot.proc.join(1)
             if slot.job is not None:
-                results[slot.job] = CallOutcome(False, error=f"the scoring worker process died during the call "
-                                                f"(exit code {slot.proc.exitcode})")
+                results[slot.job] = CallOutcome(
+                    False, error=f"the scoring worker process died during the call (exit code {slot.proc.exitcode})"
+                )
             elif not slot.ready:
                 self.start_failures += 1
                 if self.start_failures <= MAX_START_FAILURES:
-                    logger.warning("a scoring worker process for %s exited while starting (exit code %s); starting "
-                                   "another", self.what, slot.proc.exitcode)
+                    logger.warning(
+                        "a scoring worker process for %s exited while starting (exit code %s); starting another",
+                        self.what,
+                        slot.proc.exitcode,
+                    )
                     self._replace(i)
                     return
-                raise RuntimeError(f"a scoring worker process for {self.what} exited while starting "
-                                   f"(exit code {slot.proc.exitcode}; its error is printed above). A script that "
-                                   "scores at import time needs an `if __name__ == '__main__':` guard (spawned "
-                                   "processes import the main module)")
+                raise RuntimeError(
+                    f"a scoring worker process for {self.what} exited while starting "
+                    f"(exit code {slot.proc.exitcode}; its error is printed above). A script that "
+                    "scores at import time needs an `if __name__ == '__main__':` guard (spawned "
+                    "processes import the main module)"
+                )
             self._replace(i)
 
     def _replace(self, i: int) -> None:

@@ -53,8 +53,9 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
     return None
 
 
-def compute_score(solution_str: str, ground_truth, method: str = "strict", format_score: float = 0.0,
-                  score: float = 1.0) -> float:
+def compute_score(
+    solution_str: str, ground_truth, method: str = "strict", format_score: float = 0.0, score: float = 1.0
+) -> float:
     """Score one response against the ground-truth number (a str like ``"72"`` or a number)."""
     answer = extract_solution(solution_str, method=method)
     if answer is None:

@@ -26,7 +26,14 @@ logger = logging.getLogger(__name__)
 
 _FALLBACKS = 0  # math_verify calls that raised or could not parse, in this process
 
-__all__ = ["math_verify_fallbacks", "compute_score", "last_boxed_only_string", "remove_boxed", "strip_string", "is_equiv"]
+__all__ = [
+    "math_verify_fallbacks",
+    "compute_score",
+    "last_boxed_only_string",
+    "remove_boxed",
+    "strip_string",
+    "is_equiv",
+]
 
 
 def last_boxed_only_string(text: str) -> str | None:
@@ -58,7 +65,7 @@ def _boxed_at(text: str, idx: int) -> str | None:
         if prefix == "\\boxed" and start > idx + len(prefix):
             # "\boxed 5$" style: up to the next "$" or the end of the text
             stop = text.find("$", start)
-            answer = text[start: len(text) if stop < 0 else stop].strip()
+            answer = text[start : len(text) if stop < 0 else stop].strip()
             return "\\boxed " + answer if answer else None
         return None
     depth = 0
@@ -68,7 +75,7 @@ def _boxed_at(text: str, idx: int) -> str | None:
         elif text[k] == "}":
             depth -= 1
             if depth == 0:
-                return prefix + text[start:k + 1]
+                return prefix + text[start : k + 1]
     return None  # unbalanced braces: no complete answer
 
 
@@ -76,10 +83,10 @@ def remove_boxed(boxed: str) -> str:
     """``\\boxed{x}`` -> ``x``; ``\\boxed x`` -> ``x``; ``\\fbox{x}`` -> ``x``."""
     for prefix in ("\\boxed ",):
         if boxed.startswith(prefix):
-            return boxed[len(prefix):]
+            return boxed[len(prefix) :]
     for prefix in ("\\boxed{", "\\fbox{"):
         if boxed.startswith(prefix) and boxed.endswith("}"):
-            return boxed[len(prefix):-1]
+            return boxed[len(prefix) : -1]
     raise ValueError(f"not a boxed expression: {boxed!r}")
 
 
@@ -162,8 +169,11 @@ def _count_fallback(reason: str) -> None:
     global _FALLBACKS
     _FALLBACKS += 1
     if _FALLBACKS == 1:
-        logger.warning("math_verify could not decide (%s); the LaTeX normaliser decides instead. Further "
-                       "fallbacks are counted in reward/math_verify_fallbacks", reason)
+        logger.warning(
+            "math_verify could not decide (%s); the LaTeX normaliser decides instead. Further "
+            "fallbacks are counted in reward/math_verify_fallbacks",
+            reason,
+        )
 
 
 def _math_verify_equal(answer_latex: str, truth: str) -> bool | None:

@@ -17,15 +17,60 @@ import re
 from verl.utils.reward_score.math import last_boxed_only_string
 from verl.utils.reward_score.math import remove_boxed as _remove_boxed
 
-__all__ = ["compute_score", "is_correct_minerva", "is_correct_strict_box", "last_boxed_only_string",
-           "normalize_final_answer", "remove_boxed", "verify"]
+__all__ = [
+    "compute_score",
+    "is_correct_minerva",
+    "is_correct_strict_box",
+    "last_boxed_only_string",
+    "normalize_final_answer",
+    "remove_boxed",
+    "verify",
+]
 
 _ANSWER_LINE = r"(?i)Answer\s*:\s*([^\n]+)"
-_UNIT_WORDS = ("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "sue", "points",
-               "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals", "edges",
-               "students", "childrentickets", "multiples")
-_LATEX_NOISE = ("\\ldots", "\\dots", "\\text{s}", "\\text{.}", "\\text{}^2", "\\text{}^3", "\\text{}", "\\mathrm{th}",
-                "^\\circ", "^{\\circ}", "\\;", ",\\!", "{,}", '"')
+_UNIT_WORDS = (
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+)
+_LATEX_NOISE = (
+    "\\ldots",
+    "\\dots",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{}",
+    "\\mathrm{th}",
+    "^\\circ",
+    "^{\\circ}",
+    "\\;",
+    ",\\!",
+    "{,}",
+    '"',
+)
 
 
 def remove_boxed(s: str) -> str:
@@ -40,8 +85,18 @@ def normalize_final_answer(final_answer: str) -> str:
     articles, unit words, ``\\text{}``/``\\textbf{}``/``\\overline{}``/``\\boxed{}`` wrappers and
     LaTeX spacing; ``\\fracab`` -> ``\\frac{a}{b}``, ``\\sqrta`` -> ``\\sqrt{a}``; ``1,000`` -> ``1000``."""
     s = final_answer.split("=")[-1]
-    for before, after in (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
-                          (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}")):
+    for before, after in (
+        ("an ", ""),
+        ("a ", ""),
+        (".$", "$"),
+        ("\\$", ""),
+        ("\\ ", ""),
+        (" ", ""),
+        ("mbox", "text"),
+        (",\\text{and}", ","),
+        ("\\text{and}", ","),
+        ("\\text{m}", "\\text{}"),
+    ):
         s = s.replace(before, after)
     for noise in (*_UNIT_WORDS, *_LATEX_NOISE):
         s = s.replace(noise, "")
@@ -57,7 +112,9 @@ def normalize_final_answer(final_answer: str) -> str:
     return s.strip()
 
 
-def is_correct_minerva(solution_str: str, gt: str, gt_need_extract: bool = False, answer_pattern: str = _ANSWER_LINE) -> tuple[bool, str]:
+def is_correct_minerva(
+    solution_str: str, gt: str, gt_need_extract: bool = False, answer_pattern: str = _ANSWER_LINE
+) -> tuple[bool, str]:
     """(normalised ``Answer:`` line == normalised truth, the normalised prediction or ``[INVALID]``)."""
     found = re.findall(answer_pattern, solution_str)
     pred = normalize_final_answer(found[-1]) if found else "[INVALID]"
@@ -80,7 +137,9 @@ def is_correct_strict_box(pred: str, gt: str, pause_tokens_index: list[int] | No
     return (1 if extracted == gt else -1), extracted
 
 
-def verify(solution_str: str, answer: str, strict_box_verify: bool = False, pause_tokens_index: list[int] | None = None) -> tuple[bool, str | None]:
+def verify(
+    solution_str: str, answer: str, strict_box_verify: bool = False, pause_tokens_index: list[int] | None = None
+) -> tuple[bool, str | None]:
     """(correct, prediction): the ``Answer:`` line first, the boxed answer as fallback."""
     if strict_box_verify:
         score, pred = is_correct_strict_box(solution_str, answer, pause_tokens_index)
@@ -95,7 +154,9 @@ def verify(solution_str: str, answer: str, strict_box_verify: bool = False, paus
     return correct, pred
 
 
-def compute_score(solution_str: str, ground_truth: str, strict_box_verify: bool = False, pause_tokens_index: list[int] | None = None) -> dict:
+def compute_score(
+    solution_str: str, ground_truth: str, strict_box_verify: bool = False, pause_tokens_index: list[int] | None = None
+) -> dict:
     """``{"score": 1.0 or -1.0, "acc": bool, "pred": str}`` for one response."""
     correct, pred = verify(str(solution_str)[-300:], str(ground_truth), strict_box_verify, pause_tokens_index)
     return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred}

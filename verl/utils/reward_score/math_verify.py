@@ -13,9 +13,13 @@ def compute_score(model_output: str, ground_truth: str, timeout_score: float = 0
         from math_verify.metric import math_metric
         from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
     except ImportError as exc:
-        raise ImportError("verl.utils.reward_score.math_verify needs the math-verify package: pip install math-verify") from exc
-    verify = math_metric(gold_extraction_target=(LatexExtractionConfig(),),
-                         pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()))
+        raise ImportError(
+            "verl.utils.reward_score.math_verify needs the math-verify package: pip install math-verify"
+        ) from exc
+    verify = math_metric(
+        gold_extraction_target=(LatexExtractionConfig(),),
+        pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()),
+    )
     try:
         score, _ = verify(["\\boxed{" + str(ground_truth) + "}"], [str(model_output)])
         return float(score)

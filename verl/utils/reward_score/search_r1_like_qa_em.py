@@ -10,7 +10,15 @@ from __future__ import annotations
 import re
 import string
 
-__all__ = ["compute_score", "compute_score_subem", "count_answer_tags", "em_check", "extract_solution", "normalize_answer", "subem_check"]
+__all__ = [
+    "compute_score",
+    "compute_score_subem",
+    "count_answer_tags",
+    "em_check",
+    "extract_solution",
+    "normalize_answer",
+    "subem_check",
+]
 
 _PUNCT = str.maketrans("", "", string.punctuation)
 
@@ -49,12 +57,16 @@ def count_answer_tags(text: str) -> tuple[int, int]:
 def _target_of(ground_truth):
     if isinstance(ground_truth, dict):
         if "target" not in ground_truth:
-            raise ValueError(f"search-R1 ground truth must be a dict with a 'target' list, got keys {sorted(ground_truth)}")
+            raise ValueError(
+                f"search-R1 ground truth must be a dict with a 'target' list, got keys {sorted(ground_truth)}"
+            )
         return ground_truth["target"]
     return ground_truth
 
 
-def compute_score(solution_str: str, ground_truth, method: str = "strict", format_score: float = 0.0, score: float = 1.0) -> float:
+def compute_score(
+    solution_str: str, ground_truth, method: str = "strict", format_score: float = 0.0, score: float = 1.0
+) -> float:
     answer = extract_solution(solution_str)
     if answer is None:
         return 0
@@ -64,7 +76,9 @@ def compute_score(solution_str: str, ground_truth, method: str = "strict", forma
     return format_score
 
 
-def compute_score_subem(solution_str: str, ground_truth, method: str = "strict", format_score: float = 0.0, score: float = 1.0) -> float:
+def compute_score_subem(
+    solution_str: str, ground_truth, method: str = "strict", format_score: float = 0.0, score: float = 1.0
+) -> float:
     answer = extract_solution(solution_str)
     if answer is None:
         return 0

@@ -110,7 +110,11 @@ class StepMeter:
             w_names = sorted({k for _, names in gathered for k in names})
         rows = []
         for s in self.steps:
-            rows.append([s["sum"].get(k, 0.0) for k in sum_names] + [s["wsum"].get(k, 0.0) for k in w_names] + [s["w"].get(k, 0.0) for k in w_names])
+            rows.append(
+                [s["sum"].get(k, 0.0) for k in sum_names]
+                + [s["wsum"].get(k, 0.0) for k in w_names]
+                + [s["w"].get(k, 0.0) for k in w_names]
+            )
         table = torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros((0, 0), dtype=torch.float64)
         if dp_size > 1 and table.numel():
             t = table.to(collective_device(group))
@@ -241,9 +245,16 @@ class DataParallelPPOActor(BasePPOActor):
             entropy = torch.where(resp_valid, entropy, zero)
         return entropy, log_probs, (valid_tokens, slots)
 
-    def _plan(self, batch, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None) -> list[list[int]]:
+    def _plan(
+        self, batch, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None
+    ) -> list[list[int]]:
         return plan_micro_batches_for_mask(
-            batch["attention_mask"], micro_batch_size, use_dynamic_bsz, max_token_len, self.use_remove_padding, self.process_group
+            batch["attention_mask"],
+            micro_batch_size,
+            use_dynamic_bsz,
+            max_token_len,
+            self.use_remove_padding,
+            self.process_group,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -263,7 +274,9 @@ class DataParallelPPOActor(BasePPOActor):
         meta = data.meta_info
         temperature = logprob_temperature(meta.get("temperature", 1.0))
         batch = data.batch.select(*_MODEL_INPUTS)
-        groups = self._plan(batch, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len"))
+        groups = self._plan(
+            batch, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len")
+        )
         was_training = self.actor_module.training
         self.actor_module.eval()
         n, resp_len = batch["responses"].shape
@@ -335,11 +348,15 @@ class DataParallelPPOActor(BasePPOActor):
         keys = list(_MODEL_INPUTS) + ["response_mask", "advantages"]
         if not use_current:
             if "old_log_probs" not in data.batch.keys():
-                raise KeyError("update_actor: the batch has no 'old_log_probs'; compute them first or set meta_info['use_current_as_old_log_prob']=True")
+                raise KeyError(
+                    "update_actor: the batch has no 'old_log_probs'; compute them first or set meta_info['use_current_as_old_log_prob']=True"
+                )
             keys.append("old_log_probs")
         if cfg.use_kl_loss:
             if "ref_log_prob" not in data.batch.keys():
-                raise KeyError("actor.use_kl_loss=True but the batch has no 'ref_log_prob' (is the reference policy enabled?)")
+                raise KeyError(
+                    "actor.use_kl_loss=True but the batch has no 'ref_log_prob' (is the reference policy enabled?)"
+                )
             keys.append("ref_log_prob")
         for optional in ("rollout_log_probs", "rollout_is_weights"):
             if optional in data.batch.keys():
@@ -354,16 +371,28 @@ class DataParallelPPOActor(BasePPOActor):
         has_weights = "rollout_is_weights" in batch.keys()
         has_rollout_lp = "rollout_log_probs" in batch.keys()
         if rc_config is not None and not has_weights and not has_rollout_lp:
-            raise KeyError("meta_info['rollout_correction'] is set but the batch has no 'rollout_log_probs' (rollout.calculate_log_probs=True)")
+            raise KeyError(
+                "meta_info['rollout_correction'] is set but the batch has no 'rollout_log_probs' (rollout.calculate_log_probs=True)"
+            )
         rs_mode = core_algos.config_get(rc_config, "rollout_rs")
         bypass = bool(core_algos.config_get(rc_config, "bypass_mode", False))
         if bypass and use_current:
-            raise ValueError("algorithm.rollout_correction.bypass_mode=True uses the rollout log-probs as old_log_probs; "
-                             "it cannot be combined with meta_info['use_current_as_old_log_prob']")
+            raise ValueError(
+                "algorithm.rollout_correction.bypass_mode=True uses the rollout log-probs as old_log_probs; "
+                "it cannot be combined with meta_info['use_current_as_old_log_prob']"
+            )
         if bypass and not has_rollout_lp:
-            raise KeyError("algorithm.rollout_correction.bypass_mode=True needs 'rollout_log_probs' in the batch (rollout.calculate_log_probs=True)")
+            raise KeyError(
+                "algorithm.rollout_correction.bypass_mode=True needs 'rollout_log_probs' in the batch (rollout.calculate_log_probs=True)"
+            )
         batch_norm = bool(core_algos.config_get(rc_config, "rollout_is_batch_normalize", False))
-        if use_current and rc_config is not None and not has_weights and not bypass and (rs_mode is not None or batch_norm):
+        if (
+            use_current
+            and rc_config is not None
+            and not has_weights
+            and not bypass
+            and (rs_mode is not None or batch_norm)
+        ):
             key = f"rollout_rs={rs_mode!r}" if rs_mode is not None else "rollout_is_batch_normalize=True"
             raise ValueError(
                 f"algorithm.rollout_correction.{key} needs the learner's old log-probs of the whole batch before the "
@@ -391,13 +420,19 @@ class DataParallelPPOActor(BasePPOActor):
             # weights / rejection of the current policy against them and reads its settings from
             # policy_loss.rollout_correction
             policy_loss_fn = core_algos.get_policy_loss_fn("bypass_mode")
-            loss_config = _Overlay(cfg, policy_loss=_Overlay(cfg.policy_loss, rollout_correction=rc_config, loss_mode="bypass_mode"))
+            loss_config = _Overlay(
+                cfg, policy_loss=_Overlay(cfg.policy_loss, rollout_correction=rc_config, loss_mode="bypass_mode")
+            )
         else:
-            policy_loss_fn = core_algos.get_policy_loss_fn(core_algos.config_get(cfg.policy_loss, "loss_mode", "vanilla"))
+            policy_loss_fn = core_algos.get_policy_loss_fn(
+                core_algos.config_get(cfg.policy_loss, "loss_mode", "vanilla")
+            )
         rc_metrics: dict[str, float] = {}
         if rc_config is not None and not has_weights and not use_current and not bypass:
             # depends only on the data: once for this rank's batch, before any loss denominator
-            weights, new_mask, rc_metrics = _rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc_config)
+            weights, new_mask, rc_metrics = _rollout_correction(
+                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc_config
+            )
             batch["response_mask"] = new_mask.to(batch["response_mask"].dtype)
             if weights is not None:
                 batch["rollout_is_weights"] = weights
@@ -444,7 +479,9 @@ class DataParallelPPOActor(BasePPOActor):
                     else:
                         old_log_prob = micro["old_log_probs"].to(self._device)
                     advantages = micro["advantages"].to(self._device)
-                    weights = micro["rollout_is_weights"].to(self._device) if "rollout_is_weights" in micro.keys() else None
+                    weights = (
+                        micro["rollout_is_weights"].to(self._device) if "rollout_is_weights" in micro.keys() else None
+                    )
                     if use_current and has_rollout_lp:
                         rollout_lp = micro["rollout_log_probs"].to(self._device)
                         # compute_log_prob did not run: report the mismatch under its names
@@ -513,7 +550,11 @@ class DataParallelPPOActor(BasePPOActor):
         metrics["actor/nonfinite_loss_skipped"] = [float(skipped_micro)]
         metrics["actor/nonfinite_grad_skipped_steps"] = [float(skipped_steps)]
         metrics["actor/padding_waste"] = [1.0 - valid_sum / slot_sum if slot_sum else 0.0]
-        self.last_padding_stats = {"valid_tokens": float(valid_sum), "token_slots": float(slot_sum), "padding_waste": metrics["actor/padding_waste"][0]}
+        self.last_padding_stats = {
+            "valid_tokens": float(valid_sum),
+            "token_slots": float(slot_sum),
+            "padding_waste": metrics["actor/padding_waste"][0],
+        }
         self.last_old_log_probs = last_old
         self.last_entropys = last_ent if calc_entropy else None
         return metrics

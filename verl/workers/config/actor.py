@@ -15,8 +15,31 @@ from verl.base_config import BaseConfig, check_choice, check_range
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import OptimizerConfig
 
-LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean")
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+", "full")
+LOSS_AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "prompt-mean",
+)
+KL_TYPES = (
+    "kl",
+    "k1",
+    "abs",
+    "mse",
+    "k2",
+    "low_var_kl",
+    "k3",
+    "kl+",
+    "k1+",
+    "abs+",
+    "mse+",
+    "k2+",
+    "low_var_kl+",
+    "k3+",
+    "full",
+)
 
 
 @dataclass
@@ -61,8 +84,12 @@ class ActorConfig(BaseConfig):
 
     # upstream's set: the worker rewrites the batch sizes per rank (fsdp_workers._normalize_mini_batch)
     _mutable_fields = BaseConfig._mutable_fields | {
-        "ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu",
-        "ppo_infer_micro_batch_size_per_gpu", "engine", "model_config",
+        "ppo_mini_batch_size",
+        "ppo_micro_batch_size",
+        "ppo_micro_batch_size_per_gpu",
+        "ppo_infer_micro_batch_size_per_gpu",
+        "engine",
+        "model_config",
     }
 
     strategy: str = "fsdp"
@@ -142,7 +169,6 @@ class ActorConfig(BaseConfig):
                 "sequence parallelism is not implemented; use 1"
             )
 
-
     @property
     def global_batch_info(self) -> dict:
         """The mini-batch-global denominators of the micro-batch being computed (set by the actor
@@ -175,5 +201,7 @@ class RefConfig(BaseConfig):
     def __post_init__(self):
         owner = "actor_rollout_ref.ref"
         check_choice(owner, "strategy", self.strategy, ("fsdp", "fsdp2"))
-        check_range(owner, "log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu, low=1, allow_none=True)
+        check_range(
+            owner, "log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu, low=1, allow_none=True
+        )
         check_range(owner, "log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu, low=1)

@@ -24,7 +24,11 @@ class CriticConfig(BaseConfig):
 
     # upstream's set: the worker rewrites the batch sizes per rank (fsdp_workers._normalize_mini_batch)
     _mutable_fields = BaseConfig._mutable_fields | {
-        "ppo_micro_batch_size_per_gpu", "ppo_mini_batch_size", "ppo_micro_batch_size", "engine", "model_config",
+        "ppo_micro_batch_size_per_gpu",
+        "ppo_mini_batch_size",
+        "ppo_micro_batch_size",
+        "engine",
+        "model_config",
     }
 
     enable: bool | None = None

@@ -8,7 +8,14 @@ from verl.base_config import BaseConfig, check_choice
 
 DTYPES = ("fp32", "bf16", "fp16")
 # upstream scripts also write torch's names (`model_dtype=bfloat16`); they mean the same dtypes
-DTYPE_SPELLINGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+DTYPE_SPELLINGS = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "fp32": "fp32",
+    "bf16": "bf16",
+    "fp16": "fp16",
+}
 
 
 @dataclass

@@ -36,4 +36,3 @@ class OptimizerConfig(BaseConfig):
         self.betas = tuple(float(b) for b in self.betas)
         if len(self.betas) != 2:
             raise ValueError(f"optim.betas={self.betas!r} must have two entries (beta1, beta2)")
-

@@ -41,7 +41,16 @@ class DataParallelPPOCritic(BasePPOCritic):
         process_group, compute_dtype, use_remove_padding, pad_token_id: as `DataParallelPPOActor`.
     """
 
-    def __init__(self, config, critic_module, critic_optimizer=None, process_group=None, compute_dtype=None, use_remove_padding: bool = True, pad_token_id: int = 0):
+    def __init__(
+        self,
+        config,
+        critic_module,
+        critic_optimizer=None,
+        process_group=None,
+        compute_dtype=None,
+        use_remove_padding: bool = True,
+        pad_token_id: int = 0,
+    ):
         super().__init__(config)
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
@@ -79,7 +88,12 @@ class DataParallelPPOCritic(BasePPOCritic):
 
     def _plan(self, batch, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
         return plan_micro_batches_for_mask(
-            batch["attention_mask"], micro_batch_size, use_dynamic_bsz, max_token_len, self.use_remove_padding, self.process_group
+            batch["attention_mask"],
+            micro_batch_size,
+            use_dynamic_bsz,
+            max_token_len,
+            self.use_remove_padding,
+            self.process_group,
         )
 
     @torch.no_grad()
@@ -90,7 +104,9 @@ class DataParallelPPOCritic(BasePPOCritic):
         """
         meta = data.meta_info
         batch = data.batch.select(*_MODEL_INPUTS, "response_mask")
-        groups = self._plan(batch, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len"))
+        groups = self._plan(
+            batch, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len")
+        )
         n, resp_len = batch["responses"].shape
         values = torch.zeros((n, resp_len), dtype=torch.float32)
         valid_sum = slot_sum = 0
@@ -121,7 +137,9 @@ class DataParallelPPOCritic(BasePPOCritic):
         use_dynamic_bsz = bool(cfg.use_dynamic_bsz)
         max_token_len = cfg.ppo_max_token_len_per_gpu
         if not use_dynamic_bsz and micro_batch_size is None:
-            raise ValueError("critic.ppo_micro_batch_size_per_gpu is null and use_dynamic_bsz is False: set one of them")
+            raise ValueError(
+                "critic.ppo_micro_batch_size_per_gpu is null and use_dynamic_bsz is False: set one of them"
+            )
         for key in ("values", "returns"):
             if key not in data.batch.keys():
                 raise KeyError(f"update_critic: the batch has no {key!r}")
@@ -163,7 +181,12 @@ class DataParallelPPOCritic(BasePPOCritic):
                     )
                     with core_algos.global_batch_info(**info):
                         vf_loss, vf_clipfrac = core_algos.compute_value_loss(
-                            vpreds, returns, micro["values"].to(self._device), mask, cfg.cliprange_value, cfg.loss_agg_mode
+                            vpreds,
+                            returns,
+                            micro["values"].to(self._device),
+                            mask,
+                            cfg.cliprange_value,
+                            cfg.loss_agg_mode,
                         )
                     if not all_ranks_finite(vf_loss, self.process_group):
                         skipped_micro += 1

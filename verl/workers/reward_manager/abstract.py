@@ -130,8 +130,10 @@ class AbstractRewardManager:
             timeout = self.DEFAULT_TIMEOUT_S
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not float(timeout) > 0:
-                raise ValueError(f"reward_model.reward_kwargs.timeout={timeout!r} must be a number of seconds > 0, "
-                                 "or null for no limit")
+                raise ValueError(
+                    f"reward_model.reward_kwargs.timeout={timeout!r} must be a number of seconds > 0, "
+                    "or null for no limit"
+                )
             timeout = float(timeout)
         self.timeout = timeout
         self._pool: ScorerPool | None = None
@@ -152,15 +154,24 @@ class AbstractRewardManager:
     @staticmethod
     def score_kwargs(item: ScoreItem) -> dict:
         """Keyword arguments of the per-response scoring call of `item`."""
-        return dict(data_source=item.data_source, solution_str=item.solution_str,
-                    ground_truth=item.ground_truth, extra_info=item.extra_info)
+        return dict(
+            data_source=item.data_source,
+            solution_str=item.solution_str,
+            ground_truth=item.ground_truth,
+            extra_info=item.extra_info,
+        )
 
     def call_score_fn(self, item: ScoreItem) -> Any:
         """One bounded call of the scoring function; errors and timeouts become `ScoreError`."""
         return self.run_bounded([self.score_kwargs(item)])[0]
 
-    def run_bounded(self, calls: list[dict], num_processes: int = 1, fn: Callable | None = None,
-                    always_in_process_pool: bool = False) -> list[Any]:
+    def run_bounded(
+        self,
+        calls: list[dict],
+        num_processes: int = 1,
+        fn: Callable | None = None,
+        always_in_process_pool: bool = False,
+    ) -> list[Any]:
         """Call `fn(**kw)` (default: the scoring function) for each `kw` of `calls`, each call bounded
         by `self.timeout`: here under SIGALRM in the main thread, otherwise (or with
         `always_in_process_pool`) in a pool of `num_processes` worker processes kept between
@@ -260,10 +271,15 @@ class AbstractRewardManager:
         self._fallbacks_in_call: list[int] = []
         raw = self.score_items(items) if items else []
         if len(raw) != len(items):
-            raise RuntimeError(f"{type(self).__name__}.score_items returned {len(raw)} results for {len(items)} responses")
+            raise RuntimeError(
+                f"{type(self).__name__}.score_items returned {len(raw)} results for {len(items)} responses"
+            )
         # math_verify fallbacks per row when the calls were per response, else all on row 0
-        fallbacks = self._fallbacks_in_call if len(self._fallbacks_in_call) == len(items) else (
-            [sum(self._fallbacks_in_call)] + [0] * (len(items) - 1))
+        fallbacks = (
+            self._fallbacks_in_call
+            if len(self._fallbacks_in_call) == len(items)
+            else ([sum(self._fallbacks_in_call)] + [0] * (len(items) - 1))
+        )
 
         extra: dict[str, list] = defaultdict(list)
         scores: list[float] = []
@@ -279,8 +295,10 @@ class AbstractRewardManager:
                     )
                 number = _as_number(value)
                 if number is None:
-                    result = ScoreError(f"TypeError: returned {type(value).__name__} {value!r:.200}, not a number "
-                                        "(a float, or a dict with a float 'score')")
+                    result = ScoreError(
+                        f"TypeError: returned {type(value).__name__} {value!r:.200}, not a number "
+                        "(a float, or a dict with a float 'score')"
+                    )
                 elif not math.isfinite(number):
                     result = ScoreError(f"ValueError: returned a non-finite score {number}")
                 else:
@@ -310,15 +328,23 @@ class AbstractRewardManager:
 
     def _report_error(self, item: ScoreItem, err: ScoreError) -> None:
         kind = "timeout" if err.timed_out else ("non-finite" if "non-finite" in err.message else "error")
-        where = (f"the scoring function {self.fn_name} failed on row {item.index} (data_source={item.data_source!r}, "
-                 f"ground_truth={item.ground_truth!r:.200}, response={item.solution_str[:200]!r})")
+        where = (
+            f"the scoring function {self.fn_name} failed on row {item.index} (data_source={item.data_source!r}, "
+            f"ground_truth={item.ground_truth!r:.200}, response={item.solution_str[:200]!r})"
+        )
         if self.error_score is None:
             raise RuntimeError(f"{where}: {err.message}\n{err.traceback}")
         if kind not in self._logged_kinds:
             self._logged_kinds.add(kind)
             counter = "reward/score_timeouts" if err.timed_out else "reward/score_errors"
-            logger.warning("%s: %s; scored %s (reward_kwargs.error_score). Further cases are counted in %s.\n%s",
-                           where, err.message, self.error_score, counter, err.traceback)
+            logger.warning(
+                "%s: %s; scored %s (reward_kwargs.error_score). Further cases are counted in %s.\n%s",
+                where,
+                err.message,
+                self.error_score,
+                counter,
+                err.traceback,
+            )
 
     def _print_examples(self, items: list[ScoreItem], scores: list[float]) -> None:
         if self.num_examine <= 0:

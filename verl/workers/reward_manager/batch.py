@@ -20,8 +20,14 @@ class BatchRewardManager(AbstractRewardManager):
 
     DEFAULT_TIMEOUT_S = 300.0
 
-    def __init__(self, tokenizer, num_examine: int = 0, compute_score: Callable | None = None,
-                 reward_fn_key: str = "data_source", **kwargs):
+    def __init__(
+        self,
+        tokenizer,
+        num_examine: int = 0,
+        compute_score: Callable | None = None,
+        reward_fn_key: str = "data_source",
+        **kwargs,
+    ):
         if compute_score is None:
             raise ValueError(
                 "reward_model.reward_manager=batch needs a batched scoring function: set "
@@ -45,6 +51,7 @@ class BatchRewardManager(AbstractRewardManager):
             return [results] * len(items)
         results = list(results)
         if len(results) != len(items):
-            raise RuntimeError(f"the batched scoring function {self.fn_name} returned {len(results)} scores for "
-                               f"{len(items)} responses")
+            raise RuntimeError(
+                f"the batched scoring function {self.fn_name} returned {len(results)} scores for {len(items)} responses"
+            )
         return results

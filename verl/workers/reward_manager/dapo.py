@@ -21,9 +21,16 @@ class DAPORewardManager(AbstractRewardManager):
     columns to reward_extra_info). `max_resp_len` defaults to `data.max_response_length`.
     """
 
-    def __init__(self, tokenizer, num_examine: int = 0, compute_score: Callable | None = None,
-                 reward_fn_key: str = "data_source", max_resp_len: int | None = None,
-                 overlong_buffer_cfg: dict | None = None, **kwargs):
+    def __init__(
+        self,
+        tokenizer,
+        num_examine: int = 0,
+        compute_score: Callable | None = None,
+        reward_fn_key: str = "data_source",
+        max_resp_len: int | None = None,
+        overlong_buffer_cfg: dict | None = None,
+        **kwargs,
+    ):
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
         cfg = dict(overlong_buffer_cfg or {})
         unknown = sorted(set(cfg) - set(_OVERLONG_KEYS))
@@ -55,7 +62,9 @@ class DAPORewardManager(AbstractRewardManager):
             return scores
         out = []
         for item, score in zip(items, scores):
-            pen = compute_overlong_penalty(item.valid_response_length, self.max_resp_len, self.overlong_len, self.overlong_factor)
+            pen = compute_overlong_penalty(
+                item.valid_response_length, self.max_resp_len, self.overlong_len, self.overlong_factor
+            )
             out.append(score + pen)
             if self.overlong_log:
                 extra["overlong_reward"].append(pen)

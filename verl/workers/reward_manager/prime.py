@@ -20,8 +20,15 @@ class PrimeRewardManager(AbstractRewardManager):
     The pool is kept between batches (`close()` stops it).
     """
 
-    def __init__(self, tokenizer, num_examine: int = 0, compute_score: Callable | None = None,
-                 reward_fn_key: str = "data_source", num_processes: int = 4, **kwargs):
+    def __init__(
+        self,
+        tokenizer,
+        num_examine: int = 0,
+        compute_score: Callable | None = None,
+        reward_fn_key: str = "data_source",
+        num_processes: int = 4,
+        **kwargs,
+    ):
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
         if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
             raise ValueError(f"reward_model.reward_kwargs.num_processes={num_processes!r} must be an integer >= 1")
@@ -30,8 +37,9 @@ class PrimeRewardManager(AbstractRewardManager):
         self.num_processes = int(num_processes)
 
     def score_items(self, items: list[ScoreItem]) -> list[Any]:
-        return self.run_bounded([self.score_kwargs(it) for it in items], num_processes=self.num_processes,
-                                always_in_process_pool=True)
+        return self.run_bounded(
+            [self.score_kwargs(it) for it in items], num_processes=self.num_processes, always_in_process_pool=True
+        )
 
 
 # ----------------------------------------------------------------------------- upstream's async helpers
@@ -53,7 +61,9 @@ async def single_compute_score(evaluation_func, completion, reference, task, tas
         return None
 
 
-async def parallel_compute_score_async(evaluation_func, completions, references, tasks, extra_info=None, num_processes=64):
+async def parallel_compute_score_async(
+    evaluation_func, completions, references, tasks, extra_info=None, num_processes=64
+):
     """Score row i as ``evaluation_func(tasks[i], completions[i], references[i], extra_info[i])``
     in a pool of `num_processes` processes (300 s per row). Returns one float per row: 0.0 for
     failed or timed-out rows, ``float(result)`` for numbers, ``float(result[0])`` for tuples.
@@ -64,14 +74,18 @@ async def parallel_compute_score_async(evaluation_func, completions, references,
     if extra_info is None:
         extra_info = [None] * len(tasks)
     if not (len(completions) == len(references) == len(tasks) == len(extra_info)):
-        raise ValueError(f"parallel_compute_score_async: lengths differ (completions={len(completions)}, references={len(references)}, "
-                         f"tasks={len(tasks)}, extra_info={len(extra_info)})")
+        raise ValueError(
+            f"parallel_compute_score_async: lengths differ (completions={len(completions)}, references={len(references)}, "
+            f"tasks={len(tasks)}, extra_info={len(extra_info)})"
+        )
     executor = ProcessPoolExecutor(max_workers=num_processes)
     try:
-        results = await asyncio.gather(*[
-            single_compute_score(evaluation_func, c, r, t, e, executor, timeout=300.0)
-            for c, r, t, e in zip(completions, references, tasks, extra_info)
-        ])
+        results = await asyncio.gather(
+            *[
+                single_compute_score(evaluation_func, c, r, t, e, executor, timeout=300.0)
+                for c, r, t, e in zip(completions, references, tasks, extra_info)
+            ]
+        )
     finally:
         processes = list(getattr(executor, "_processes", {}).values())
         executor.shutdown(wait=False, cancel_futures=True)
@@ -101,6 +115,8 @@ def run_reward_scoring(evaluation_func, completions, references, tasks, extra_in
 
     loop = asyncio.new_event_loop()
     try:
-        return loop.run_until_complete(parallel_compute_score_async(evaluation_func, completions, references, tasks, extra_info, num_processes))
+        return loop.run_until_complete(
+            parallel_compute_score_async(evaluation_func, completions, references, tasks, extra_info, num_processes)
+        )
     finally:
         loop.close()

@@ -26,7 +26,9 @@ def register(name: str) -> Callable[[type], type]:
     def decorator(cls: type) -> type:
         existing = REWARD_MANAGER_REGISTRY.get(name)
         if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"reward manager {name!r} is already registered to {existing.__module__}.{existing.__qualname__}")
+            raise ValueError(
+                f"reward manager {name!r} is already registered to {existing.__module__}.{existing.__qualname__}"
+            )
         REWARD_MANAGER_REGISTRY[name] = cls
         return cls
 

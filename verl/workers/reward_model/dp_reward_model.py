@@ -36,7 +36,9 @@ def find_score_head(model: torch.nn.Module) -> torch.nn.Module:
         head = getattr(model, name, None)
         if isinstance(head, torch.nn.Module):
             return head
-    raise ValueError(f"cannot find the classification head of {type(model).__name__} (looked for .score, .classifier, .v_head)")
+    raise ValueError(
+        f"cannot find the classification head of {type(model).__name__} (looked for .score, .classifier, .v_head)"
+    )
 
 
 class DataParallelRewardModel:
@@ -50,7 +52,15 @@ class DataParallelRewardModel:
         compute_dtype, use_remove_padding: as the actor's.
     """
 
-    def __init__(self, config, reward_module, rm_tokenizer=None, input_tokenizer=None, compute_dtype=None, use_remove_padding: bool = True):
+    def __init__(
+        self,
+        config,
+        reward_module,
+        rm_tokenizer=None,
+        input_tokenizer=None,
+        compute_dtype=None,
+        use_remove_padding: bool = True,
+    ):
         self.config = config
         self.reward_module = reward_module
         self.rm_tokenizer = rm_tokenizer
@@ -66,7 +76,11 @@ class DataParallelRewardModel:
     def _last_token_scores(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         """[m] head output at each row's last attended token."""
         device = self._device
-        input_ids, attention_mask, position_ids = input_ids.to(device), attention_mask.to(device), position_ids.to(device)
+        input_ids, attention_mask, position_ids = (
+            input_ids.to(device),
+            attention_mask.to(device),
+            position_ids.to(device),
+        )
         captured = {}
 
         def hook(_module, _inputs, output):
@@ -79,7 +93,11 @@ class DataParallelRewardModel:
             with autocast_context(device_type, self.compute_dtype):
                 if self.use_remove_padding:
                     packed = compact_rows(input_ids, attention_mask, position_ids, pad_id)
-                    self.reward_module(input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids)
+                    self.reward_module(
+                        input_ids=packed.input_ids,
+                        attention_mask=packed.attention_mask,
+                        position_ids=packed.position_ids,
+                    )
                     last = (packed.lengths - 1).clamp(min=0)
                 else:
                     self.reward_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
@@ -99,12 +117,18 @@ class DataParallelRewardModel:
                 "model's chat template; that needs the original chat: set data.return_raw_chat=True (non_tensor_batch['raw_prompt'])"
             )
         responses = data.batch["responses"]
-        resp_mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else data.batch["attention_mask"][:, -responses.shape[1] :]
+        resp_mask = (
+            data.batch["response_mask"]
+            if "response_mask" in data.batch.keys()
+            else data.batch["attention_mask"][:, -responses.shape[1] :]
+        )
         texts = []
         for i in range(responses.shape[0]):
             ids = responses[i][resp_mask[i].bool()].tolist()
             answer = self.input_tokenizer.decode(ids, skip_special_tokens=True)
-            chat = list(raw[i].tolist() if isinstance(raw[i], np.ndarray) else raw[i]) + [{"role": "assistant", "content": answer}]
+            chat = list(raw[i].tolist() if isinstance(raw[i], np.ndarray) else raw[i]) + [
+                {"role": "assistant", "content": answer}
+            ]
             texts.append(self.rm_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False))
         max_length = int(self.config.max_length or data.batch["input_ids"].shape[1])
         rows = self.rm_tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -113,7 +137,9 @@ class DataParallelRewardModel:
             # the score is read at the last token: keep the end of the conversation, drop its start
             logger.warning(
                 "reward model: %d of %d re-templated sequences exceed reward_model.max_length=%d tokens; their beginning is cut",
-                truncated, len(rows), max_length,
+                truncated,
+                len(rows),
+                max_length,
             )
         rows = [r[-max_length:] for r in rows]
         width = max(len(r) for r in rows)
@@ -134,7 +160,11 @@ class DataParallelRewardModel:
         if self.input_tokenizer is not None:
             input_ids, attention_mask, position_ids = self._retemplate(data)
         else:
-            input_ids, attention_mask, position_ids = data.batch["input_ids"], data.batch["attention_mask"], data.batch["position_ids"]
+            input_ids, attention_mask, position_ids = (
+                data.batch["input_ids"],
+                data.batch["attention_mask"],
+                data.batch["position_ids"],
+            )
         n = attention_mask.shape[0]
         # the default process group: the reward model is sharded over the whole worker group
         groups = plan_micro_batches_for_mask(
@@ -153,7 +183,11 @@ class DataParallelRewardModel:
                 scores[idx] = self._last_token_scores(input_ids[idx], attention_mask[idx], position_ids[idx]).cpu()
         finally:
             self.reward_module.train(was_training)
-        resp_mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else data.batch["attention_mask"][:, -resp_len:]
+        resp_mask = (
+            data.batch["response_mask"]
+            if "response_mask" in data.batch.keys()
+            else data.batch["attention_mask"][:, -resp_len:]
+        )
         last = (resp_mask.bool() * torch.arange(resp_len)).max(dim=1).values
         has_response = resp_mask.bool().any(dim=1)
         rm_scores = torch.zeros((n, resp_len), dtype=torch.float32)

@@ -48,7 +48,9 @@ def register_rollout(name: str) -> Callable[[type], type]:
 def get_rollout_class(name: str) -> type:
     """The engine class registered as `name` (imported on first use)."""
     if name not in ROLLOUT_REGISTRY:
-        raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not a registered rollout; registered: {sorted(ROLLOUT_REGISTRY)}")
+        raise ValueError(
+            f"actor_rollout_ref.rollout.name={name!r} is not a registered rollout; registered: {sorted(ROLLOUT_REGISTRY)}"
+        )
     entry = ROLLOUT_REGISTRY[name]
     if isinstance(entry, str):
         module_name, _, attr = entry.partition(":")
@@ -92,7 +94,9 @@ class BaseRollout(ABC):
         when a name or shape does not match the engine's model."""
         raise NotImplementedError(f"{type(self).__name__} does not accept weight updates")
 
-    def probe_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+    def probe_log_probs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, responses: torch.Tensor
+    ) -> torch.Tensor:
         """Log-probs [b, R] of `responses` (the last R columns of `input_ids`) computed by the
         engine's own weights at temperature 1; used to verify a weight synchronisation."""
         raise NotImplementedError(f"{type(self).__name__} cannot score a probe sequence")
@@ -169,5 +173,7 @@ def assemble_rollout_output(
         "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
     }
     if log_probs is not None:
-        tensors["rollout_log_probs"] = torch.where(response_mask.bool(), log_probs.float(), torch.zeros((), dtype=torch.float32))
+        tensors["rollout_log_probs"] = torch.where(
+            response_mask.bool(), log_probs.float(), torch.zeros((), dtype=torch.float32)
+        )
     return DataProto.from_dict(tensors=tensors)

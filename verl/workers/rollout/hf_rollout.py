@@ -29,7 +29,13 @@ import torch
 
 from verl.utils.fsdp_utils import autocast_context, full_parameters
 from verl.utils.model import accepts_logits_to_keep, unwrap_peft_model
-from verl.workers.rollout.base import BaseRollout, assemble_rollout_output, eos_id_list, logprob_temperature, register_rollout
+from verl.workers.rollout.base import (
+    BaseRollout,
+    assemble_rollout_output,
+    eos_id_list,
+    logprob_temperature,
+    register_rollout,
+)
 
 __all__ = ["HFRollout", "filter_logits_top_k_top_p"]
 
@@ -66,7 +72,9 @@ class HFRollout(BaseRollout):
             through `update_weights` (e.g. a bf16 copy); False (default) when it *is* the actor.
     """
 
-    def __init__(self, module: torch.nn.Module, config, compute_dtype: torch.dtype | None = None, owns_module: bool = False):
+    def __init__(
+        self, module: torch.nn.Module, config, compute_dtype: torch.dtype | None = None, owns_module: bool = False
+    ):
         super().__init__(config)
         self.module = module
         self.compute_dtype = compute_dtype
@@ -79,7 +87,9 @@ class HFRollout(BaseRollout):
 
     def _cache_kwarg(self) -> str:
         # transformers >= 5.2x names the KV-cache argument `cache` (`past_key_values` is deprecated)
-        params = inspect.signature(type(unwrap_peft_model(self.module)).forward).parameters  # a peft model passes kwargs on
+        params = inspect.signature(
+            type(unwrap_peft_model(self.module)).forward
+        ).parameters  # a peft model passes kwargs on
         return "cache" if "cache" in params else "past_key_values"
 
     @staticmethod
@@ -88,7 +98,9 @@ class HFRollout(BaseRollout):
         for key in ("cache", "past_key_values"):
             if key in out.keys() and out[key] is not None:
                 return out[key]
-        raise RuntimeError(f"{type(out).__name__} returned no KV cache (use_cache=True); this model cannot be used by the hf rollout")
+        raise RuntimeError(
+            f"{type(out).__name__} returned no KV cache (use_cache=True); this model cannot be used by the hf rollout"
+        )
 
     @property
     def _device(self) -> torch.device:
@@ -111,7 +123,9 @@ class HFRollout(BaseRollout):
                 "top_p": meta.get("top_p", cfg.top_p),
             }
         if params["do_sample"] and not params["temperature"] > 0:
-            raise ValueError(f"sampling needs temperature > 0, got {params['temperature']} (use do_sample=False for greedy)")
+            raise ValueError(
+                f"sampling needs temperature > 0, got {params['temperature']} (use do_sample=False for greedy)"
+            )
         return params
 
     @torch.no_grad()
@@ -120,7 +134,9 @@ class HFRollout(BaseRollout):
         decoding batch (null = all rows at once)."""
         meta = prompts.meta_info
         params = self._sampling_params(meta)
-        eos_ids = eos_id_list(meta.get("eos_token_id", getattr(getattr(self.module, "generation_config", None), "eos_token_id", None)))
+        eos_ids = eos_id_list(
+            meta.get("eos_token_id", getattr(getattr(self.module, "generation_config", None), "eos_token_id", None))
+        )
         pad_id = meta.get("pad_token_id")
         if pad_id is None:
             pad_id = getattr(getattr(self.module, "config", None), "pad_token_id", None)
@@ -143,7 +159,16 @@ class HFRollout(BaseRollout):
             with full_parameters(self.module):
                 for start in range(0, n, chunk):
                     sl = slice(start, start + chunk)
-                    t, lp = self._generate_chunk(input_ids[sl], attention_mask[sl], position_ids[sl], resp_len, params, eos_ids, int(pad_id), generator)
+                    t, lp = self._generate_chunk(
+                        input_ids[sl],
+                        attention_mask[sl],
+                        position_ids[sl],
+                        resp_len,
+                        params,
+                        eos_ids,
+                        int(pad_id),
+                        generator,
+                    )
                     tokens.append(t)
                     log_probs.append(lp)
         finally:
@@ -151,7 +176,14 @@ class HFRollout(BaseRollout):
         responses = torch.cat(tokens, dim=0)
         lps = torch.cat(log_probs, dim=0) if self.config.calculate_log_probs else None
         return assemble_rollout_output(
-            input_ids, attention_mask, position_ids, responses, lps, eos_ids, int(pad_id), ignore_eos=bool(self.config.ignore_eos)
+            input_ids,
+            attention_mask,
+            position_ids,
+            responses,
+            lps,
+            eos_ids,
+            int(pad_id),
+            ignore_eos=bool(self.config.ignore_eos),
         )
 
     def _prefill(self, input_ids, attention_mask, position_ids):
@@ -166,15 +198,31 @@ class HFRollout(BaseRollout):
             first = torch.full((uniq.shape[0],), b, dtype=torch.long, device=input_ids.device)
             first = first.scatter_reduce(0, inverse, torch.arange(b, device=input_ids.device), reduce="amin")
             out = self.module(
-                input_ids=input_ids[first], attention_mask=attention_mask[first], position_ids=position_ids[first], use_cache=True, **last_only
+                input_ids=input_ids[first],
+                attention_mask=attention_mask[first],
+                position_ids=position_ids[first],
+                use_cache=True,
+                **last_only,
             )
             cache = self._out_cache(out)
             cache.reorder_cache(inverse)
             return out.logits[:, -1, :].float()[inverse], cache
-        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **last_only)
+        out = self.module(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **last_only
+        )
         return out.logits[:, -1, :].float(), self._out_cache(out)
 
-    def _generate_chunk(self, input_ids, attention_mask, position_ids, resp_len: int, params: dict, eos_ids: list[int], pad_id: int, generator=None):
+    def _generate_chunk(
+        self,
+        input_ids,
+        attention_mask,
+        position_ids,
+        resp_len: int,
+        params: dict,
+        eos_ids: list[int],
+        pad_id: int,
+        generator=None,
+    ):
         device = self._device
         input_ids = input_ids.to(device)
         attention_mask = attention_mask.to(device)
@@ -200,10 +248,14 @@ class HFRollout(BaseRollout):
                     tok = logits.argmax(dim=-1)
                 else:
                     filtered = filter_logits_top_k_top_p(scaled, params["top_k"], params["top_p"])
-                    tok = torch.multinomial(torch.softmax(filtered, dim=-1), num_samples=1, generator=generator).squeeze(-1)
+                    tok = torch.multinomial(
+                        torch.softmax(filtered, dim=-1), num_samples=1, generator=generator
+                    ).squeeze(-1)
                 tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
                 tokens[active, t] = tok
-                lps[active, t] = torch.where(finished, torch.zeros((), device=device), logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1))
+                lps[active, t] = torch.where(
+                    finished, torch.zeros((), device=device), logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+                )
                 alive = ~finished
                 if eos is not None:
                     finished = finished | torch.isin(tok, eos)
@@ -217,9 +269,19 @@ class HFRollout(BaseRollout):
                     # drop finished rows once a quarter of the batch is done: later steps cost less
                     keep = (~finished).nonzero().squeeze(1)
                     cache.batch_select_indices(keep)
-                    mask, last_pos, tok, active, finished = mask[keep], last_pos[keep], tok[keep], active[keep], finished[keep]
+                    mask, last_pos, tok, active, finished = (
+                        mask[keep],
+                        last_pos[keep],
+                        tok[keep],
+                        active[keep],
+                        finished[keep],
+                    )
                 out = self.module(
-                    input_ids=tok.unsqueeze(1), attention_mask=mask, position_ids=last_pos.unsqueeze(1), use_cache=True, **{cache_kw: cache}
+                    input_ids=tok.unsqueeze(1),
+                    attention_mask=mask,
+                    position_ids=last_pos.unsqueeze(1),
+                    use_cache=True,
+                    **{cache_kw: cache},
                 )
                 cache = self._out_cache(out)
                 logits = out.logits[:, -1, :].float()
@@ -249,7 +311,10 @@ class HFRollout(BaseRollout):
         ctx = full_parameters(self.module) if not self.owns_module else contextlib.nullcontext()
         with ctx, autocast_context(self._device_type, self.compute_dtype):
             logits = self.module(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), position_ids=position_ids.to(device), use_cache=False
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                position_ids=position_ids.to(device),
+                use_cache=False,
             ).logits
         logits = logits[:, -resp_len - 1 : -1].float()
         lp = torch.log_softmax(logits, dim=-1).gather(-1, responses.to(device).unsqueeze(-1)).squeeze(-1)

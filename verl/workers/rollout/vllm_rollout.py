@@ -117,7 +117,11 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - upstream class name
         position_ids = prompts.batch["position_ids"]
         rows = [ids[m.bool()].tolist() for ids, m in zip(input_ids, attention_mask)]
         self.resume()
-        outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], sampling_params=self._sampling_params(meta, resp_len, eos_ids), use_tqdm=False)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": r} for r in rows],
+            sampling_params=self._sampling_params(meta, resp_len, eos_ids),
+            use_tqdm=False,
+        )
         b = len(rows)
         responses = torch.full((b, resp_len), pad_id, dtype=torch.long)
         log_probs = torch.zeros((b, resp_len), dtype=torch.float32)
@@ -129,7 +133,9 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - upstream class name
                 for t, (tok, entry) in enumerate(zip(ids, completion.logprobs)):
                     log_probs[i, t] = float(entry[tok].logprob)
         lps = log_probs if self.config.calculate_log_probs else None
-        return assemble_rollout_output(input_ids, attention_mask, position_ids, responses, lps, eos_ids, pad_id, bool(self.config.ignore_eos))
+        return assemble_rollout_output(
+            input_ids, attention_mask, position_ids, responses, lps, eos_ids, pad_id, bool(self.config.ignore_eos)
+        )
 
     # ------------------------------------------------------------------------------------------
 

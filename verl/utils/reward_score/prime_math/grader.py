@@ -67,7 +67,16 @@ def latex_to_sympy_text(expr: str) -> str:
     s = _replace_braced(s, "\\root", 2, lambda n, x: f"(({x})**(1/({n})))")
     s = _replace_braced(s, "\\frac", 2, lambda a, b: f"(({a})/({b}))")
     s = _replace_braced(s, "\\sqrt", 1, lambda a: f"sqrt({a})")
-    for latex, plain in (("\\cdot", "*"), ("\\times", "*"), ("\\div", "/"), ("\\pi", "pi"), ("\\infty", "oo"), ("\\!", ""), ("\\,", ""), ("\\ ", "")):
+    for latex, plain in (
+        ("\\cdot", "*"),
+        ("\\times", "*"),
+        ("\\div", "/"),
+        ("\\pi", "pi"),
+        ("\\infty", "oo"),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("\\ ", ""),
+    ):
         s = s.replace(latex, plain)
     s = s.replace("^", "**").replace("{", "(").replace("}", ")")
     return s.replace("\\", "")
@@ -87,10 +96,17 @@ def to_number(text: str, pi: float = math.pi) -> float | None:
             return None
         try:
             import sympy
-            from sympy.parsing.sympy_parser import implicit_multiplication_application, parse_expr, standard_transformations
+            from sympy.parsing.sympy_parser import (
+                implicit_multiplication_application,
+                parse_expr,
+                standard_transformations,
+            )
 
-            parsed = parse_expr(latex_to_sympy_text(s), local_dict={"pi": sympy.Float(pi)},
-                                transformations=standard_transformations + (implicit_multiplication_application,))
+            parsed = parse_expr(
+                latex_to_sympy_text(s),
+                local_dict={"pi": sympy.Float(pi)},
+                transformations=standard_transformations + (implicit_multiplication_application,),
+            )
             if parsed.free_symbols:
                 return None
             value = float(parsed.evalf())
@@ -166,7 +182,14 @@ def _split_elements(text: str) -> tuple[str, str, list[str]] | None:
     return (s[0], s[-1], [p.strip() for p in parts]) if len(parts) > 1 else None
 
 
-def math_equal(prediction, reference, include_percentage: bool = True, is_close: bool = True, timeout: bool = False, pi: float = math.pi) -> bool:
+def math_equal(
+    prediction,
+    reference,
+    include_percentage: bool = True,
+    is_close: bool = True,
+    timeout: bool = False,
+    pi: float = math.pi,
+) -> bool:
     """True when `prediction` and `reference` denote the same answer (see the module docstring)."""
     if prediction is None or reference is None:
         return False

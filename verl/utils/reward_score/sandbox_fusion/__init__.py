@@ -34,7 +34,9 @@ def extract_code(completion: str) -> str | None:
     return None
 
 
-def compute_score(sandbox_fusion_url, concurrent_semaphore, memory_limit_mb, completion, test_cases, continuous=False, timeout=10):
+def compute_score(
+    sandbox_fusion_url, concurrent_semaphore, memory_limit_mb, completion, test_cases, continuous=False, timeout=10
+):
     require_sandbox_url(sandbox_fusion_url)
     code = extract_code(str(completion))
     if code is None:
@@ -47,8 +49,14 @@ def compute_score(sandbox_fusion_url, concurrent_semaphore, memory_limit_mb, com
     has_asserts = isinstance(test_cases.get("assert_case"), list)
     if not has_asserts and ("inputs" not in test_cases or "outputs" not in test_cases):
         return 0.0, [{"error": "Invalid test_cases structure (missing inputs/outputs)"}]
-    results, metadata = check_correctness(sandbox_fusion_url, test_cases, code, timeout=timeout,
-                                          concurrent_semaphore=concurrent_semaphore, memory_limit_mb=memory_limit_mb)
+    results, metadata = check_correctness(
+        sandbox_fusion_url,
+        test_cases,
+        code,
+        timeout=timeout,
+        concurrent_semaphore=concurrent_semaphore,
+        memory_limit_mb=memory_limit_mb,
+    )
     if not results:
         return 0.0, metadata
     if continuous:

@@ -29,13 +29,27 @@ def require_sandbox_url(sandbox_fusion_url: str | None) -> str:
     return sandbox_fusion_url
 
 
-def call_sandbox_api(sandbox_fusion_url: str, code: str, stdin: str | None, compile_timeout: float, run_timeout: float,
-                     memory_limit_mb: int | None, language: str = DEFAULT_LANGUAGE, request_timeout: float | None = None) -> tuple[dict | None, str | None]:
+def call_sandbox_api(
+    sandbox_fusion_url: str,
+    code: str,
+    stdin: str | None,
+    compile_timeout: float,
+    run_timeout: float,
+    memory_limit_mb: int | None,
+    language: str = DEFAULT_LANGUAGE,
+    request_timeout: float | None = None,
+) -> tuple[dict | None, str | None]:
     """One run; returns (response json, None) or (None, error text). Never raises on network errors."""
     import requests
 
     url = require_sandbox_url(sandbox_fusion_url)
-    payload: dict[str, Any] = {"code": code, "language": language, "stdin": stdin or "", "compile_timeout": compile_timeout, "run_timeout": run_timeout}
+    payload: dict[str, Any] = {
+        "code": code,
+        "language": language,
+        "stdin": stdin or "",
+        "compile_timeout": compile_timeout,
+        "run_timeout": run_timeout,
+    }
     if memory_limit_mb is not None:
         payload["memory_limit_MB"] = int(memory_limit_mb)
     try:
@@ -53,8 +67,15 @@ def _same_output(actual: str, expected: str) -> bool:
     return lines(actual) == lines(expected)
 
 
-def check_correctness(sandbox_fusion_url: str, in_outs: dict, generation: str, timeout: float = 10, concurrent_semaphore=None,
-                      memory_limit_mb: int | None = None, language: str = DEFAULT_LANGUAGE) -> tuple[list, list[dict]]:
+def check_correctness(
+    sandbox_fusion_url: str,
+    in_outs: dict,
+    generation: str,
+    timeout: float = 10,
+    concurrent_semaphore=None,
+    memory_limit_mb: int | None = None,
+    language: str = DEFAULT_LANGUAGE,
+) -> tuple[list, list[dict]]:
     """Run `generation` on every case of `in_outs` (``{"inputs": [...], "outputs": [...]}`` or
     ``{"assert_case": [...]}``). Returns (results, metadata): per case True (passed), False
     (wrong output), -1 (sandbox/API error), -2 (runtime error or timeout); metadata holds the
@@ -69,15 +90,22 @@ def check_correctness(sandbox_fusion_url: str, in_outs: dict, generation: str, t
     for i, (stdin, expected) in enumerate(zip(inputs, outputs)):
         code = generation if not asserts else f"{generation}\n{asserts[i]}\n"
         with guard:
-            response, error = call_sandbox_api(sandbox_fusion_url, code, stdin, timeout, timeout, memory_limit_mb, language)
+            response, error = call_sandbox_api(
+                sandbox_fusion_url, code, stdin, timeout, timeout, memory_limit_mb, language
+            )
         meta: dict[str, Any] = {"case_index": i, "input": stdin, "expected_output": expected, "api_error": error}
         if response is None:
             results.append(-1)
             meta["status"] = "api_error"
         else:
             run = response.get("run_result") or {}
-            meta.update(status=response.get("status"), run_status=run.get("status"), stdout=run.get("stdout"),
-                        stderr=run.get("stderr"), return_code=run.get("return_code"))
+            meta.update(
+                status=response.get("status"),
+                run_status=run.get("status"),
+                stdout=run.get("stdout"),
+                stderr=run.get("stderr"),
+                return_code=run.get("return_code"),
+            )
             if response.get("status") == "SandboxError":
                 results.append(-1)
             elif run.get("status") != "Finished" or run.get("return_code") not in (0, None):
