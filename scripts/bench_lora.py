@@ -285,7 +285,7 @@ def learning(args) -> dict:
             print(f"{name} lr={lr} seed={seed}: {curves[name][seed]} ({time.perf_counter() - start:.0f} s)", flush=True)
     summary = {
         name: {"lr": lr, "last_val_median": statistics.median(c[seed][-1][1] for seed in c)}
-        for (rank, lr), (name, c) in zip(configs, curves.items())
+        for (rank, lr), (name, c) in zip(configs, curves.items(), strict=False)
     }
     full = summary["full"]["last_val_median"]
     for name, row in summary.items():

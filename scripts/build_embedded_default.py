@@ -319,14 +319,14 @@ def evaluate_model(
     torch.manual_seed(seed)
     t0 = time.time()
     greedy_text = generate(prompts, do_sample=False)
-    greedy = [score(t, r) for t, r in zip(greedy_text, rows)]
+    greedy = [score(t, r) for t, r in zip(greedy_text, rows, strict=False)]
     sampled_text = generate([p for p in prompts for _ in range(n_samples)], do_sample=True)
     sampled = [score(t, rows[i // n_samples]) for i, t in enumerate(sampled_text)]
     per_prompt = [sampled[i * n_samples : (i + 1) * n_samples] for i in range(len(rows))]
     carry = [AdditionTask.has_carry(r["extra_info"]["a"], r["extra_info"]["b"]) for r in rows]
     careless_greedy = [
         t.strip() == AdditionTask.careless_answer(r["extra_info"]["a"], r["extra_info"]["b"])
-        for t, r, c in zip(greedy_text, rows, carry)
+        for t, r, c in zip(greedy_text, rows, carry, strict=False)
         if c
     ]
     n_carry = max(1, sum(carry))
@@ -335,8 +335,8 @@ def evaluate_model(
         "greedy_accuracy": sum(greedy) / len(rows),
         "sampled_accuracy_t1": sum(sampled) / len(sampled),
         f"pass@{n_samples}_t1": sum(max(p) for p in per_prompt) / len(rows),
-        "greedy_accuracy_no_carry": sum(g for g, c in zip(greedy, carry) if not c) / max(1, len(rows) - sum(carry)),
-        "greedy_accuracy_with_carry": sum(g for g, c in zip(greedy, carry) if c) / n_carry,
+        "greedy_accuracy_no_carry": sum(g for g, c in zip(greedy, carry, strict=False) if not c) / max(1, len(rows) - sum(carry)),
+        "greedy_accuracy_with_carry": sum(g for g, c in zip(greedy, carry, strict=False) if c) / n_carry,
         "greedy_careless_rate_with_carry": sum(careless_greedy) / n_carry,
         "fraction_with_carry": sum(carry) / len(rows),
         "eval_seconds": time.time() - t0,

@@ -56,7 +56,7 @@ def test_save_load_resumes_exactly(model_dir, tmp_path):
     assert not os.path.exists(path + ".incomplete")
     # the weights are a loadable Hugging Face model directory with its tokenizer
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(path, "huggingface"))
-    for (name, a), b in zip(model.state_dict().items(), hf.state_dict().values()):
+    for (name, a), b in zip(model.state_dict().items(), hf.state_dict().values(), strict=False):
         assert torch.equal(a, b), name
     assert os.path.exists(os.path.join(path, "huggingface", "tokenizer.json"))
     # continue: the reference trajectory
@@ -91,7 +91,7 @@ def test_overwrite_is_atomic_and_stale_staging_is_removed(model_dir, tmp_path):
     assert not os.path.exists(path + ".incomplete") and not os.path.exists(path + ".old")
     model2, opt2, sched2, mgr2 = _setup(model_dir)
     assert mgr2.load_checkpoint(path)["global_step"] == 2
-    for a, b in zip(model.parameters(), model2.parameters()):
+    for a, b in zip(model.parameters(), model2.parameters(), strict=False):
         assert torch.equal(a, b)
 
 

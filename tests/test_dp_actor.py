@@ -160,7 +160,7 @@ def test_micro_batch_splits_give_the_same_update(tiny, mode):
         actor, updated = _actor(model, loss_agg_mode=mode, **split)
         metrics = actor.update_policy(_proto(batch, uid, temperature=1.0))
         assert metrics["actor/nonfinite_loss_skipped"] == [0.0]
-        for (name, p), q in zip(updated.named_parameters(), expected.parameters()):
+        for (name, p), q in zip(updated.named_parameters(), expected.parameters(), strict=False):
             # the SGD step moves parameters by up to ~0.6: 5e-6 is fp32 rounding, a wrong share is >1e-2
             torch.testing.assert_close(p, q, atol=5e-6, rtol=0, msg=f"{mode} {split}: parameter {name} differs")
 
@@ -190,7 +190,7 @@ def test_use_current_as_old_log_prob_equals_recomputed_old(tiny):
     metrics2 = a2.update_policy(_proto(batch, uid, use_current_as_old_log_prob=True))
     assert metrics2["actor/ppo_kl"] == [0.0] and metrics2["actor/pg_clipfrac"] == [0.0]
     torch.testing.assert_close(a2.last_old_log_probs, old, atol=1e-6, rtol=0)
-    for p, q in zip(m1.parameters(), m2.parameters()):
+    for p, q in zip(m1.parameters(), m2.parameters(), strict=False):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
     assert metrics1["actor/pg_loss"][0] == pytest.approx(metrics2["actor/pg_loss"][0], abs=1e-6)
 
@@ -211,7 +211,7 @@ def test_use_current_with_rollout_is_weights_equals_recomputed_old(tiny, mode):
     metrics1 = a1.update_policy(_proto(dict(batch, old_log_probs=old), uid, rollout_correction=rc))
     a2, m2 = _actor(model, loss_agg_mode=mode, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=24)
     metrics2 = a2.update_policy(_proto(batch, uid, rollout_correction=rc, use_current_as_old_log_prob=True))
-    for p, q in zip(m1.parameters(), m2.parameters()):
+    for p, q in zip(m1.parameters(), m2.parameters(), strict=False):
         torch.testing.assert_close(p, q, atol=5e-6, rtol=0)
     for name in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_ratio_fraction_high"):
         assert metrics2[name][0] == pytest.approx(metrics1[name][0], rel=1e-5)
@@ -244,7 +244,7 @@ def test_entropy_and_kl_terms_match_reference(tiny):
     )
     metrics = actor.update_policy(_proto(batch, uid))
     assert metrics["actor/kl_loss"][0] > 0 and metrics["actor/entropy"][0] > 0
-    for p, q in zip(updated.parameters(), expected.parameters()):
+    for p, q in zip(updated.parameters(), expected.parameters(), strict=False):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
 
 
@@ -285,7 +285,7 @@ def test_non_finite_grad_norm_skips_the_step(tiny):
     finally:
         handle.remove()
     assert metrics["actor/nonfinite_grad_skipped_steps"] == [1.0]
-    assert all(torch.equal(a, b) for a, b in zip(before, updated.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, updated.parameters(), strict=False))
 
 
 def test_rollout_correction_from_meta_info(tiny):
@@ -307,7 +307,7 @@ def test_rollout_correction_from_meta_info(tiny):
         batch, rollout_is_weights=torch.full(batch["responses"].shape, math.exp(0.3)) * batch["response_mask"]
     )
     actor2.update_policy(_proto(batch2, uid))
-    for p, q in zip(updated.parameters(), updated2.parameters()):
+    for p, q in zip(updated.parameters(), updated2.parameters(), strict=False):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
 
 
@@ -320,7 +320,7 @@ def test_grad_clip_scales_the_update(tiny):
     metrics = actor.update_policy(_proto(batch, uid))
     norm = metrics["actor/grad_norm"][0]
     assert norm > 0.01  # clipping is active
-    for p0, p1, q in zip(model.parameters(), updated.parameters(), unclipped.parameters()):
+    for p0, p1, q in zip(model.parameters(), updated.parameters(), unclipped.parameters(), strict=False):
         # SGD with lr 1: the applied step is the reference step scaled by 0.01 / norm
         torch.testing.assert_close(p0 - p1, (p0 - q) * (0.01 / norm), atol=1e-7, rtol=1e-4)
 
@@ -364,14 +364,14 @@ def test_bypass_mode_ppo_clip_equals_vanilla_on_rollout_log_probs(tiny):
     metrics = a1.update_policy(_proto(batch, uid, rollout_correction=rc))
     a2, m2 = _actor(model)
     a2.update_policy(_proto(batch, uid))
-    for p, q in zip(m1.parameters(), m2.parameters()):
+    for p, q in zip(m1.parameters(), m2.parameters(), strict=False):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
     # the current policy is e^0.2 more likely than the rollout on every token
     assert metrics["rollout_corr/rollout_is_mean"][0] == pytest.approx(math.exp(0.2), rel=1e-4)
     # reinforce: runs and differs from ppo_clip
     a3, m3 = _actor(model)
     a3.update_policy(_proto(batch, uid, rollout_correction=dict(rc, loss_type="reinforce")))
-    assert any(not torch.allclose(p, q) for p, q in zip(m1.parameters(), m3.parameters()))
+    assert any(not torch.allclose(p, q) for p, q in zip(m1.parameters(), m3.parameters(), strict=False))
     with pytest.raises(ValueError, match="bypass_mode"):
         _actor(model)[0].update_policy(_proto(batch, uid, rollout_correction=rc, use_current_as_old_log_prob=True))
 
@@ -391,7 +391,7 @@ def test_rollout_rejection_applies_before_the_loss_denominators(tiny):
     kept = batch["response_mask"] * (shift < 0.5)
     a2, m2 = _actor(model)
     a2.update_policy(_proto(dict(batch, response_mask=kept), uid))
-    for p, q in zip(m1.parameters(), m2.parameters()):
+    for p, q in zip(m1.parameters(), m2.parameters(), strict=False):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
     share = float((batch["response_mask"] * (shift >= 0.5)).sum() / batch["response_mask"].sum())
     assert metrics["rollout_corr/rollout_rs_masked_fraction"][0] == pytest.approx(share)

@@ -80,7 +80,7 @@ def test_micro_batch_split_gives_the_same_update(value_model):
         metrics = c.update_critic(DataProto.from_dict(tensors=dict(batch)))
         results.append((updated, metrics))
     for updated, metrics in results[1:]:
-        for p, q in zip(updated.parameters(), results[0][0].parameters()):
+        for p, q in zip(updated.parameters(), results[0][0].parameters(), strict=False):
             torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
         assert metrics["critic/vf_loss"][0] == pytest.approx(results[0][1]["critic/vf_loss"][0], rel=1e-6)
 
@@ -128,7 +128,7 @@ def test_non_finite_loss_is_skipped_and_counted(value_model):
     before = [p.detach().clone() for p in updated.parameters()]
     metrics = critic.update_critic(DataProto.from_dict(tensors=dict(batch)))
     assert metrics["critic/nonfinite_loss_skipped"] == [8.0] and metrics["critic/nonfinite_grad_skipped_steps"] == [1.0]
-    assert all(torch.equal(a, b) for a, b in zip(before, updated.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, updated.parameters(), strict=False))
 
 
 def test_dynamic_batch_without_budget_is_named(value_model):

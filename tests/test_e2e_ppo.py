@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import textwrap
 import time
 
 import pyarrow as pa
@@ -423,7 +422,7 @@ def test_reward_model_worker_scores_the_responses(ray_session, assets, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "rollouts" / "1.jsonl").read_text().splitlines()]
     assert len(rows) == 8 and {"input", "output", "score", "ground_truth"} <= set(rows[0])
     rule = [sum(c.isdigit() for c in r["output"]) / 6 for r in rows]
-    assert any(abs(r["score"] - x) > 1e-6 for r, x in zip(rows, rule))  # the reward model's scores, not the rule's
+    assert any(abs(r["score"] - x) > 1e-6 for r, x in zip(rows, rule, strict=False))  # the reward model's scores, not the rule's
     # validation with n=2 samples per prompt: best@2 and maj@2 (vote over the response texts)
     assert {
         "val-core/e2e_toy/reward/mean@2",

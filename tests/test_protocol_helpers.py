@@ -236,7 +236,7 @@ def test_nested_from_list_ragged_dims_and_select_chunk_keep_them():
     data = tu.get_tensordict({"position_ids": pos, "obs": torch.arange(4)})
     sel = tu.index_select_tensor_dict(data, torch.tensor([1, 2]))
     assert sel["position_ids"]._ragged_idx == 2 and sel["position_ids"].values().shape == (4, 10)
-    assert [torch.equal(a, b) for a, b in zip(sel["position_ids"].unbind(0), rows[1:3])] == [True, True]
+    assert [torch.equal(a, b) for a, b in zip(sel["position_ids"].unbind(0), rows[1:3], strict=False)] == [True, True]
     first, second = tu.chunk_tensordict(data, 2)
     assert second["position_ids"]._ragged_idx == 2 and second["position_ids"].offsets().tolist() == [0, 5, 8]
     assert torch.equal(second["position_ids"].unbind(0)[1], rows[3]) and second["obs"].tolist() == [2, 3]
@@ -256,7 +256,7 @@ def test_concat_nested_tensors_2d_3d_4d():
         a = torch.nested.as_nested_tensor(rows[:2], layout=torch.jagged)
         b = torch.nested.as_nested_tensor(rows[2:], layout=torch.jagged)
         out = tu.concat_nested_tensors([a, b])
-        assert out.shape[0] == 4 and all(torch.equal(x, y) for x, y in zip(out.unbind(0), rows))
+        assert out.shape[0] == 4 and all(torch.equal(x, y) for x, y in zip(out.unbind(0), rows, strict=False))
     with pytest.raises(ValueError, match="jagged nested tensor"):
         tu.concat_nested_tensors([torch.ones(2, 3)])
 

@@ -152,7 +152,7 @@ def test_batch_manager_calls_once_and_counts_a_failing_batch():
 
     def batched(data_sources, solution_strs, ground_truths, extra_infos, bonus=0.0):
         calls.append(len(solution_strs))
-        return [float(s == g) + bonus for s, g in zip(solution_strs, ground_truths)]
+        return [float(s == g) + bonus for s, g in zip(solution_strs, ground_truths, strict=False)]
 
     mgr = BatchRewardManager(CharTokenizer(), 0, batched, bonus=0.5)
     out = mgr(make_batch(["1$", "2$"], ["1", "1"]))

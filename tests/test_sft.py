@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import load_build_script
 import torch
+from conftest import load_build_script
 from omegaconf import OmegaConf
 
 from verl.utils.dataset.sft_dataset import SFTDataset

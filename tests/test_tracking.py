@@ -1,7 +1,6 @@
 """Loggers (console line, jsonl file, tensorboard) and the training-curves PNG."""
 
 import json
-import math
 
 import pytest
 

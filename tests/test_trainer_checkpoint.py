@@ -4,7 +4,6 @@ import os
 
 import pytest
 
-from verl.utils.checkpoint.integrity import MANIFEST_FILE
 from verl.trainer.ppo.checkpoint import (
     TRACKER_FILE,
     TRAINER_STATE_FILE,
@@ -17,6 +16,7 @@ from verl.trainer.ppo.checkpoint import (
     step_of,
     verify_checkpoint,
 )
+from verl.utils.checkpoint.integrity import MANIFEST_FILE
 
 
 def writer(roles=("actor", "critic"), fail_after=None):

@@ -320,7 +320,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny):
         metrics = worker.update_actor(batch).meta_info["metrics"]
         results.append((metrics["actor/grad_norm"][0], [p.detach().clone() for p in worker.actor_module.parameters()]))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
-    for a, b in zip(results[0][1], results[1][1]):
+    for a, b in zip(results[0][1], results[1][1], strict=False):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 

@@ -98,7 +98,7 @@ def make_batch(tokenizer, prompts: list[str], responses: list[str], prompt_len: 
     p_mask = torch.zeros((b, prompt_len), dtype=torch.long)
     r_ids = torch.full((b, resp_len), pad, dtype=torch.long)
     r_mask = torch.zeros((b, resp_len), dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=False)):
         pi = tokenizer(p, add_special_tokens=False)["input_ids"][-prompt_len:]
         ri = tokenizer(r, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if eos else [])
         ri = ri[:resp_len]

@@ -23,9 +23,10 @@ import pickle
 import re
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -150,12 +151,12 @@ def _values_equal(a: Any, b: Any) -> bool:
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape:
             return False
         if a.dtype == object or b.dtype == object:
-            return all(_values_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
+            return all(_values_equal(x, y) for x, y in zip(a.ravel(), b.ravel(), strict=False))
         return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
+        return type(a) is type(b) and len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b, strict=False))
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     try:
@@ -727,7 +728,7 @@ class DataProto:
             raise ValueError(
                 f"rename needs as many new keys as old keys, got {len(old)} old {old} and {len(new)} new {new}"
             )
-        for o, n in zip(old, new):
+        for o, n in zip(old, new, strict=False):
             if self.batch is not None and o in self.batch.keys():
                 self.batch.rename_key_(o, n)
             elif o in self.non_tensor_batch:
@@ -1098,7 +1099,7 @@ def all_gather_data_proto(data: DataProto, process_group=None) -> DataProto:
                 raw = torch.cat([raw, raw.new_zeros(longest - raw.shape[0], raw.shape[1])])
             bufs = [torch.empty_like(raw) for _ in range(world)]
             dist.all_gather(bufs, raw, group=process_group)
-            rows = torch.cat([b[:s] for b, s in zip(bufs, sizes)])
+            rows = torch.cat([b[:s] for b, s in zip(bufs, sizes, strict=False)])
             gathered[key] = rows.view(tensor.dtype).reshape(sum(sizes), *shape_rest).to(origin)
         data.batch = TensorDict(gathered, batch_size=[sum(sizes)], device=data.batch.device)
     if data.non_tensor_batch:

@@ -38,4 +38,4 @@ class LengthPenalizedRewardManager(AbstractRewardManager):
     def postprocess(self, items, scores, extra):
         penalties = [self.length_penalty * item.valid_response_length for item in items]
         extra["length_penalty"] = penalties  # logged next to the score
-        return [score - penalty for score, penalty in zip(scores, penalties)]
+        return [score - penalty for score, penalty in zip(scores, penalties, strict=False)]

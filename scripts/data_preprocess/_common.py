@@ -10,7 +10,7 @@ import argparse
 import glob
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 # the scripts run as files (python scripts/data_preprocess/x.py): make the repository importable
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))

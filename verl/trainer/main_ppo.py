@@ -55,7 +55,7 @@ def _normalized_argv(argv: list[str]) -> list[str]:
     takes_value = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--info", "-i"}
     spots = [i for i in range(1, len(argv)) if not argv[i].startswith("-") and argv[i - 1] not in takes_value]
     out = list(argv)
-    for i, text in zip(spots, normalize_overrides([argv[i] for i in spots])):
+    for i, text in zip(spots, normalize_overrides([argv[i] for i in spots]), strict=False):
         out[i] = text
     return out
 

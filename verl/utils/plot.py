@@ -60,10 +60,10 @@ def plot_training_curves(records: list[tuple[int, dict]] | str, out_png: str, ti
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     if train:
-        xs, ys = zip(*train)
+        xs, ys = zip(*train, strict=False)
         ax.plot(xs, ys, label=f"train {TRAIN_KEY}", color="tab:blue", alpha=0.8)
     for name, pts in sorted(val.items()):
-        xs, ys = zip(*pts)
+        xs, ys = zip(*pts, strict=False)
         ax.plot(xs, ys, marker="o", label=f"validation {name}")
     ax.set_xlabel("step")
     ax.set_ylabel("score / accuracy")

@@ -15,7 +15,8 @@ transport never create per-row Python objects and Ray can ship the buffers out o
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -470,7 +471,7 @@ def assert_tensordict_eq(tensordict1: TensorDict, tensordict2: TensorDict) -> No
             if v1.is_nested:
                 r1, r2 = v1.unbind(), v2.unbind()
                 assert len(r1) == len(r2), f"{key!r}: {len(r1)} vs {len(r2)} rows"
-                for j, (a, b) in enumerate(zip(r1, r2)):
+                for j, (a, b) in enumerate(zip(r1, r2, strict=False)):
                     assert torch.equal(a, b), f"{key!r}: row {j} differs"
             else:
                 assert v1.shape == v2.shape and torch.equal(v1, v2), f"{key!r}: tensors differ"

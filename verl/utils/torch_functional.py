@@ -506,7 +506,7 @@ def remove_pad_token(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> l
     """Token ids of each left-padded row without its padding: [B, S] -> B lists (the last
     ``attention_mask[i].sum()`` ids of row i)."""
     out = []
-    for ids, mask in zip(input_ids, attention_mask):
+    for ids, mask in zip(input_ids, attention_mask, strict=False):
         keep = int(mask.sum().item())
         out.append(ids[ids.shape[0] - keep :].cpu().tolist())
     return out

@@ -18,8 +18,9 @@ where `outputs` lists the per-rank results (or object refs) in rank order.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from functools import partial, wraps
-from typing import Any, Callable
+from typing import Any
 
 from verl.protocol import DataProto, DataProtoFuture, _padding_size_key, pad_dataproto_to_divisor
 from verl.utils.py_functional import DynamicEnum
@@ -251,7 +252,7 @@ def collect_nd_compute(collect_mask: list[bool], worker_group, output):
     """Keep the outputs of the ranks whose ``collect_mask`` entry is True, in rank order."""
     if len(output) != worker_group.world_size:
         raise ValueError(f"expected one result per worker ({worker_group.world_size}), got {len(output)}")
-    return [o for o, keep in zip(output, collect_mask) if keep]
+    return [o for o, keep in zip(output, collect_mask, strict=False) if keep]
 
 
 def dispatch_nd_compute_dataproto(dp_rank_mapping: list[int], dp_size: int, worker_group, *args, **kwargs):
@@ -265,12 +266,12 @@ def collect_nd_compute_dataproto(
     kept = collect_nd_compute(collect_mask, worker_group, output)
     if dp_rank_mapping is not None:
         # concatenate in data-parallel order even if the collect ranks are not sorted by dp rank
-        dp_of_kept = [dp for dp, keep in zip(dp_rank_mapping, collect_mask) if keep]
+        dp_of_kept = [dp for dp, keep in zip(dp_rank_mapping, collect_mask, strict=False) if keep]
         if sorted(dp_of_kept) != list(range(len(dp_of_kept))):
             raise ValueError(
                 f"the collect ranks must hold each data-parallel rank exactly once; their dp ranks are {dp_of_kept}"
             )
-        kept = [o for _, o in sorted(zip(dp_of_kept, kept), key=lambda pair: pair[0])]
+        kept = [o for _, o in sorted(zip(dp_of_kept, kept, strict=False), key=lambda pair: pair[0])]
     return _concat_data_proto_or_future(kept)
 
 

@@ -10,7 +10,8 @@ the actual remote execution (`execute_all`, `execute_rank_zero`) and the proxy f
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl.single_controller.base.decorator import (
     MAGIC_ATTR,

@@ -34,7 +34,7 @@ import logging
 import os
 import re
 import shutil
-from typing import Callable
+from collections.abc import Callable
 
 from verl.utils.checkpoint.integrity import (
     CheckpointCorruptError,

@@ -559,7 +559,7 @@ def compute_batch_loss_stats(
     if index is not None:
         if len(index) != len(row_tokens):
             raise ValueError(f"compute_batch_loss_stats: index has {len(index)} entries for {len(row_tokens)} rows")
-        for uid, n in zip(index, row_tokens):
+        for uid, n in zip(index, row_tokens, strict=False):
             groups[uid] = groups.get(uid, 0) + int(n)
     return BatchLossStats(
         num_tokens=int(sum(row_tokens)), num_seqs=sum(1 for n in row_tokens if n > 0), group_num_tokens=groups
@@ -2183,7 +2183,7 @@ def compute_gdpo_outcome_advantage(
         weights = [1.0] * len(components)
     with torch.no_grad():
         total = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
-        for w, comp in zip(weights, components):
+        for w, comp in zip(weights, components, strict=False):
             adv, _ = compute_grpo_outcome_advantage(
                 comp,
                 response_mask,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -185,51 +186,6 @@ def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return _reduce(metrics)
 
 
-def compute_variance_proxy_metrics(batch, gradient_norm: float | None = None) -> dict[str, float]:
-    """Gradient-variance proxies from the score-norm estimate ``W = sum_t (1 - 2 pi_t + sum_v pi_v^2)``.
-
-    Needs ``sum_pi_squared``, ``old_log_probs``, ``advantages`` and ``response_mask`` [bs, T] in
-    `batch.batch` (returns ``{}`` otherwise). Per sequence: ``A`` = masked mean advantage,
-    ``W`` = masked sum of ``1 - 2 exp(old_log_probs) + sum_pi_squared`` (times ``rho**2`` when
-    ``rollout_is_weights`` is present). Metrics (upstream's names):
-
-    - ``variance_proxy/proxy1_signal_strength`` = ``gradient_norm ** 2`` (0 when not given);
-    - ``variance_proxy/proxy2_total_power`` = ``mean(A**2 * max(W, 0))``; with IS weights,
-      ``mean(rho_seq**2 * A**2 * max(W_raw, 0))`` with ``rho_seq`` the masked mean IS weight;
-    - ``variance_proxy/proxy3_pure_noise`` = ``max(0, (proxy2 - proxy1) / (bs - 1))`` (needs
-      `gradient_norm` and bs > 1, else 0);
-    - ``variance_proxy/expected_a_squared`` = ``mean(A**2)``, ``variance_proxy/expected_w`` = ``mean(W)``.
-    """
-    tensors = batch.batch
-    if tensors is None or any(
-        k not in tensors.keys() for k in ("sum_pi_squared", "old_log_probs", "advantages", "response_mask")
-    ):
-        return {}
-    mask = tensors["response_mask"].float()
-    w_tok = 1.0 - 2.0 * torch.exp(tensors["old_log_probs"].float()) + tensors["sum_pi_squared"].float()
-    counts = mask.sum(-1).clamp(min=1.0)
-    adv = (tensors["advantages"].float() * mask).sum(-1) / counts
-    weights = tensors["rollout_is_weights"].float().detach() if "rollout_is_weights" in tensors.keys() else None
-    if weights is not None:
-        w_seq = (w_tok * weights**2 * mask).sum(-1)
-        rho_seq = (weights * mask).sum(-1) / counts
-        total_power = (rho_seq**2 * adv**2 * (w_tok * mask).sum(-1).clamp(min=0.0)).mean()
-    else:
-        w_seq = (w_tok * mask).sum(-1)
-        total_power = (adv**2 * w_seq.clamp(min=0.0)).mean()
-    signal = None if gradient_norm is None else float(gradient_norm) ** 2
-    noise = 0.0
-    if signal is not None and adv.shape[0] > 1:
-        noise = max(0.0, (float(total_power) - signal) / (adv.shape[0] - 1))
-    return {
-        "variance_proxy/proxy1_signal_strength": signal if signal is not None else 0.0,
-        "variance_proxy/proxy2_total_power": float(total_power),
-        "variance_proxy/proxy3_pure_noise": noise,
-        "variance_proxy/expected_a_squared": float((adv**2).mean()),
-        "variance_proxy/expected_w": float(w_seq.mean()),
-    }
-
-
 def _bootstrap_indices(n: int, k: int, n_bootstrap: int, seed: int) -> np.ndarray:
     """[n_bootstrap, k] draws with replacement from range(n): the indices `bootstrap_metric`
     draws with the same seed (so both give the same numbers)."""
@@ -297,7 +253,7 @@ def process_validation_metrics(
         if len(v) != n_total:
             raise ValueError(f"validation info {k!r} has {len(v)} values for {n_total} samples")
     groups: dict[str, dict[Any, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for i, (ds, uid) in enumerate(zip(data_sources, sample_uids)):
+    for i, (ds, uid) in enumerate(zip(data_sources, sample_uids, strict=False)):
         groups[ds][uid].append(i)
     variables = {
         var: np.asarray(values, dtype=np.float64)

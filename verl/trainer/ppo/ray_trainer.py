@@ -33,9 +33,10 @@ import resource
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +45,6 @@ from omegaconf import OmegaConf, open_dict
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.core_algos import AdvantageEstimator  # noqa: F401 - upstream users import it from here
 from verl.trainer.ppo.checkpoint import (
     TRAINER_STATE_FILE,
     checkpoint_to_resume,
@@ -54,23 +54,24 @@ from verl.trainer.ppo.checkpoint import (
     step_of,
     verify_checkpoint,
 )
+from verl.trainer.ppo.core_algos import AdvantageEstimator  # noqa: F401 - upstream users import it from here
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_mfu_metrics,
-    count_model_params,
-    peak_flops_per_worker,
     compute_throughout_metrics,
     compute_timing_metrics,
     compute_variance_proxy_metrics,
+    count_model_params,
+    peak_flops_per_worker,
     process_validation_metrics,
     reduce_metrics,
 )
 from verl.trainer.ppo.reward import compute_reward
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
 from verl.trainer.ppo.utils import Role, ValidatedConfig, reference_in_actor, validate_config
+from verl.utils.checkpoint.integrity import load_plain, rng_state_from_plain, rng_state_to_plain, save_plain
 from verl.utils.py_functional import config_get
 from verl.utils.torch_functional import masked_mean
-from verl.utils.checkpoint.integrity import load_plain, rng_state_from_plain, rng_state_to_plain, save_plain
 from verl.utils.tracking import to_jsonable
 from verl.workers.reward_manager.registry import load_object
 
@@ -274,7 +275,7 @@ def select_groups_with_variance(batch: DataProto, metric: str) -> tuple[DataProt
             f"{sorted(columns)}, and from the summed score: {list(FILTER_SCORE_METRICS)}"
         )
     by_uid: dict[Any, list[float]] = defaultdict(list)
-    for uid, v in zip(batch.non_tensor_batch["uid"], values):
+    for uid, v in zip(batch.non_tensor_batch["uid"], values, strict=False):
         by_uid[uid].append(v)
     keep_uids = {u for u, vs in by_uid.items() if len(vs) > 1 and np.std(vs) > 0}
     keep = [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in keep_uids]
@@ -371,20 +372,20 @@ class TrainerCallback:
     to `metrics`. `state_dict`/`load_state_dict` are saved in and restored from checkpoints.
     """
 
-    def on_fit_start(self, trainer: "RayPPOTrainer") -> None: ...
+    def on_fit_start(self, trainer: RayPPOTrainer) -> None: ...
 
-    def on_batch_scored(self, trainer: "RayPPOTrainer", batch: DataProto, metrics: dict) -> None:
+    def on_batch_scored(self, trainer: RayPPOTrainer, batch: DataProto, metrics: dict) -> None:
         """After generation and reward, before dynamic sampling and log-probs."""
 
-    def on_advantages(self, trainer: "RayPPOTrainer", batch: DataProto, metrics: dict) -> None:
+    def on_advantages(self, trainer: RayPPOTrainer, batch: DataProto, metrics: dict) -> None:
         """After advantages, before the critic and actor updates."""
 
-    def on_step_end(self, trainer: "RayPPOTrainer", metrics: dict) -> None:
+    def on_step_end(self, trainer: RayPPOTrainer, metrics: dict) -> None:
         """After the step's metrics are complete, before they are logged."""
 
-    def on_validation(self, trainer: "RayPPOTrainer", metrics: dict) -> None: ...
+    def on_validation(self, trainer: RayPPOTrainer, metrics: dict) -> None: ...
 
-    def on_fit_end(self, trainer: "RayPPOTrainer") -> None: ...
+    def on_fit_end(self, trainer: RayPPOTrainer) -> None: ...
 
     def state_dict(self) -> dict:
         return {}
@@ -1087,7 +1088,7 @@ class RayPPOTrainer:
         ]
         return [
             {"step": self.global_steps, "input": p, "output": r, "score": s, "ground_truth": to_jsonable(g)}
-            for p, r, s, g in zip(prompts, resps, scores, gts)
+            for p, r, s, g in zip(prompts, resps, scores, gts, strict=False)
         ]
 
     # ------------------------------------------------------------------ validation
@@ -1198,7 +1199,7 @@ class RayPPOTrainer:
                 len(saved),
                 len(self.callbacks),
             )
-        for cb, s in zip(self.callbacks, saved):
+        for cb, s in zip(self.callbacks, saved, strict=False):
             cb.load_state_dict(s)
 
     def _save_checkpoint(self, metrics: dict | None = None) -> str:

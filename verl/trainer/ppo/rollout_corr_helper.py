@@ -170,7 +170,7 @@ def _parse_rollout_rs_thresholds(
         if len(raw) == 1:
             raw = raw * len(options)
     out: dict[str, tuple[float | None, float]] = {}
-    for option, entry in zip(options, raw):
+    for option, entry in zip(options, raw, strict=False):
         if _uses_ratio_bounds(option):
             lower = None
             if entry is None:

@@ -255,11 +255,10 @@ def validate_config(config: Any) -> ValidatedConfig:
     User modules (custom losses/estimators/reward managers) are imported first, so names they
     register are accepted.
     """
+    from verl.trainer.config.upstream_keys import check_upstream_surface
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.rollout_corr_helper import validate_rollout_correction_config
     from verl.utils.tracking import check_backends_available
-
-    from verl.trainer.config.upstream_keys import check_upstream_surface
 
     cfg = check_upstream_surface(_sections(config))  # upstream keys: aliases, (b) log, (c) refusals
     unknown = sorted(set(cfg.keys()) - set(TOP_LEVEL_SECTIONS) - {"hydra"})

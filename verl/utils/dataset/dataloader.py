@@ -27,7 +27,8 @@ is what a trainer loop of the form ``for epoch ...: for batch in loader`` expect
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler

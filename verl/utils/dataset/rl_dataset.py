@@ -115,7 +115,7 @@ class RLHFDataset(Dataset):
         self._prompt_text: list[str] = []
         self.num_filtered = 0
         filtered_examples: list[str] = []
-        for row, src in zip(rows, sources):
+        for row, src in zip(rows, sources, strict=False):
             messages = self._validate_row(row, src)
             text, ids = self._render(messages)
             if len(ids) > self.max_prompt_length:

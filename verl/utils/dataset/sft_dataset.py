@@ -74,11 +74,11 @@ class SFTDataset(Dataset):
         # stored as int32 / int8 arrays: Python lists cost ~36 bytes per token (one int object each)
         self._items = [
             (np.asarray(ids, dtype=np.int32), np.asarray(flags, dtype=np.int8))
-            for ids, flags in (self._tokenize(row, src) for row, src in zip(self.rows, self.sources))
+            for ids, flags in (self._tokenize(row, src) for row, src in zip(self.rows, self.sources, strict=False))
         ]
         if self.truncation == "error":
             # fail now, naming the row, rather than when the loader reaches it mid-training
-            for (ids, _), src in zip(self._items, self.sources):
+            for (ids, _), src in zip(self._items, self.sources, strict=False):
                 if len(ids) > self.max_length:
                     raise ValueError(self._overlong_message(src, len(ids)))
 

@@ -26,8 +26,9 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import wait as wait_connections
-from typing import Any, Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,9 @@ import logging
 import math
 import numbers
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -284,7 +285,7 @@ class AbstractRewardManager:
         extra: dict[str, list] = defaultdict(list)
         scores: list[float] = []
         dict_keys = sorted({k for r in raw if isinstance(r, dict) for k in r if k != "score"})
-        for item, result, n_fallbacks in zip(items, raw, fallbacks):
+        for item, result, n_fallbacks in zip(items, raw, fallbacks, strict=False):
             score, info = self.error_score, {}
             if not isinstance(result, ScoreError):
                 value = result.get("score") if isinstance(result, dict) else result
@@ -318,7 +319,7 @@ class AbstractRewardManager:
 
         scores = self.postprocess(items, scores, extra)
         reward_tensor = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
-        for item, score in zip(items, scores):
+        for item, score in zip(items, scores, strict=False):
             # an empty response has no last token: its score sits on position 0 (masked anyway)
             reward_tensor[item.index, max(item.valid_response_length - 1, 0)] = score
         self._print_examples(items, scores)
@@ -350,7 +351,7 @@ class AbstractRewardManager:
         if self.num_examine <= 0:
             return
         shown: dict[str, int] = defaultdict(int)
-        for item, score in zip(items, scores):
+        for item, score in zip(items, scores, strict=False):
             if shown[item.data_source] >= self.num_examine:
                 continue
             shown[item.data_source] += 1

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl.workers.reward_manager.abstract import AbstractRewardManager, ScoreError, ScoreItem
 from verl.workers.reward_manager.registry import register

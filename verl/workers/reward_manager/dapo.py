@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl.trainer.ppo.core_algos import compute_overlong_penalty
 from verl.workers.reward_manager.abstract import AbstractRewardManager, ScoreItem
@@ -61,7 +62,7 @@ class DAPORewardManager(AbstractRewardManager):
         if not self.overlong_enable:
             return scores
         out = []
-        for item, score in zip(items, scores):
+        for item, score in zip(items, scores, strict=False):
             pen = compute_overlong_penalty(
                 item.valid_response_length, self.max_resp_len, self.overlong_len, self.overlong_factor
             )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl.workers.reward_manager.abstract import AbstractRewardManager, ScoreItem
 from verl.workers.reward_manager.registry import register
@@ -83,7 +84,7 @@ async def parallel_compute_score_async(
         results = await asyncio.gather(
             *[
                 single_compute_score(evaluation_func, c, r, t, e, executor, timeout=300.0)
-                for c, r, t, e in zip(completions, references, tasks, extra_info)
+                for c, r, t, e in zip(completions, references, tasks, extra_info, strict=False)
             ]
         )
     finally:

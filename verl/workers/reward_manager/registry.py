@@ -8,7 +8,8 @@ A user class can be registered from any module imported through `trainer.externa
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl.utils.import_utils import load_extern_type
 

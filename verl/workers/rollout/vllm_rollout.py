@@ -115,7 +115,7 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - upstream class name
         input_ids = prompts.batch["input_ids"]
         attention_mask = prompts.batch["attention_mask"]
         position_ids = prompts.batch["position_ids"]
-        rows = [ids[m.bool()].tolist() for ids, m in zip(input_ids, attention_mask)]
+        rows = [ids[m.bool()].tolist() for ids, m in zip(input_ids, attention_mask, strict=False)]
         self.resume()
         outputs = self.llm.generate(
             [{"prompt_token_ids": r} for r in rows],
@@ -130,7 +130,7 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - upstream class name
             ids = list(completion.token_ids)[:resp_len]
             responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             if completion.logprobs is not None:
-                for t, (tok, entry) in enumerate(zip(ids, completion.logprobs)):
+                for t, (tok, entry) in enumerate(zip(ids, completion.logprobs, strict=False)):
                     log_probs[i, t] = float(entry[tok].logprob)
         lps = log_probs if self.config.calculate_log_probs else None
         return assemble_rollout_output(
@@ -159,7 +159,7 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - upstream class name
     def probe_log_probs(self, input_ids, attention_mask, position_ids, responses) -> torch.Tensor:
         """Teacher-forced log-probs of `responses` from vLLM's prompt log-probs (temperature 1)."""
         resp_len = responses.shape[1]
-        rows = [ids[m.bool()].tolist() for ids, m in zip(input_ids, attention_mask)]
+        rows = [ids[m.bool()].tolist() for ids, m in zip(input_ids, attention_mask, strict=False)]
         params = self._SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         self.resume()
         outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], sampling_params=params, use_tqdm=False)

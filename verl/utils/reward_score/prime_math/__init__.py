@@ -137,7 +137,7 @@ def grade_answer(given_answer: str | None, ground_truth: str) -> bool:
         return False
     if len(truth_elems) > 1 and (truth[0], truth[-1]) != (given[0], given[-1]):
         return False  # (a, b) is not [a, b]
-    for t, g in zip(truth_elems, given_elems):
+    for t, g in zip(truth_elems, given_elems, strict=False):
         if _FRACTION.match(t) and _FRACTION.match(g):
             ok = t == g  # unreduced fractions only match themselves
         elif _is_int_text(t) != _is_int_text(g):

@@ -87,7 +87,7 @@ def check_correctness(
     results: list = []
     metadata: list[dict] = []
     guard = concurrent_semaphore if concurrent_semaphore is not None else nullcontext()
-    for i, (stdin, expected) in enumerate(zip(inputs, outputs)):
+    for i, (stdin, expected) in enumerate(zip(inputs, outputs, strict=False)):
         code = generation if not asserts else f"{generation}\n{asserts[i]}\n"
         with guard:
             response, error = call_sandbox_api(
