@@ -137,12 +137,14 @@ def main() -> None:
 
     width = max(len(k) for k in results)
     print(
-        f"DataProto {args.rows} x {args.seq} int64 ({results['payload_MiB']} MiB), 2 workers per group, {args.iters} iterations"
+        f"DataProto {args.rows} x {args.seq} int64 ({results['payload_MiB']} MiB), 2 workers per group, "
+        f"{args.iters} iterations"
     )
     for key, value in results.items():
         if isinstance(value, dict):
             print(
-                f"  {key:<{width}}  median {value['median_ms']:8.2f} ms   p90 {value['p90_ms']:8.2f} ms   min {value['min_ms']:8.2f} ms"
+                f"  {key:<{width}}  median {value['median_ms']:8.2f} ms   p90 {value['p90_ms']:8.2f} ms   min "
+                f"{value['min_ms']:8.2f} ms"
             )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

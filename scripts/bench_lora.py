@@ -230,7 +230,8 @@ def _print_table(size: str, rows: list[dict]) -> None:
         print(
             f"| {name} | {r['trainable_params']:,} | {100 * r['trainable_params_vs_full']:.2f}% | "
             f"{r['optimizer_state_bytes'] / 2**20:.2f} MiB | {100 * r['optimizer_state_bytes_vs_full']:.2f}% | "
-            f"{r['checkpoint_bytes'] / 2**20:.2f} MiB | {r['peak_rss_above_start_bytes'] / 2**20:.0f} MiB | {r['step_time_s']:.3f} |"
+            f"{r['checkpoint_bytes'] / 2**20:.2f} MiB | {r['peak_rss_above_start_bytes'] / 2**20:.0f} MiB | "
+            f"{r['step_time_s']:.3f} |"
         )
 
 

@@ -335,7 +335,8 @@ def evaluate_model(
         "greedy_accuracy": sum(greedy) / len(rows),
         "sampled_accuracy_t1": sum(sampled) / len(sampled),
         f"pass@{n_samples}_t1": sum(max(p) for p in per_prompt) / len(rows),
-        "greedy_accuracy_no_carry": sum(g for g, c in zip(greedy, carry, strict=False) if not c) / max(1, len(rows) - sum(carry)),
+        "greedy_accuracy_no_carry": sum(g for g, c in zip(greedy, carry, strict=False) if not c)
+        / max(1, len(rows) - sum(carry)),
         "greedy_accuracy_with_carry": sum(g for g, c in zip(greedy, carry, strict=False) if c) / n_carry,
         "greedy_careless_rate_with_carry": sum(careless_greedy) / n_carry,
         "fraction_with_carry": sum(carry) / len(rows),

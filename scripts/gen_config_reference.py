@@ -66,7 +66,10 @@ GLOSSARY = {
     "critic.model.path": "the value model's initial weights (default: the actor's model, with a fresh value head)",
     "reward_model.model.path": "the reward model (a sequence-classification checkpoint)",
     "model.custom_chat_template": "a jinja chat template replacing the tokenizer's",
-    "model.external_lib": "a module or .py file imported in every process before the model is built (e.g. one that registers a policy loss)",
+    "model.external_lib": (
+        "a module or .py file imported in every process before the model is built (e.g. one that "
+        "registers a policy loss)"
+    ),
     "model.override_config": "entries that override the model's config.json (e.g. dropout)",
     "model.enable_gradient_checkpointing": "recompute activations in backward (less memory, more compute)",
     "model.trust_remote_code": "allow model/tokenizer code shipped with the checkpoint",
@@ -76,7 +79,9 @@ GLOSSARY = {
     "checkpoint.save_contents": "what a checkpoint holds: model, optimizer, extra (scheduler, RNG)",
     "ulysses_sequence_parallel_size": "sequence parallelism (not implemented: must be 1)",
     # batch sizes (docs/batch_sizes.md)
-    "ppo_micro_batch_size_per_gpu": "sequences per forward/backward pass on one worker (gradient accumulation inside a mini-batch)",
+    "ppo_micro_batch_size_per_gpu": (
+        "sequences per forward/backward pass on one worker (gradient accumulation inside a mini-batch)"
+    ),
     "forward_micro_batch_size_per_gpu": "sequences per forward pass on one worker when computing values",
     "log_prob_micro_batch_size_per_gpu": "sequences per forward pass on one worker when computing log-probs",
     "micro_batch_size_per_gpu": "sequences per forward pass on one worker",
@@ -92,17 +97,27 @@ GLOSSARY = {
     "grad_clip": "gradient-norm clipping threshold",
     # actor loss
     "actor.clip_ratio_c": "dual-clip bound for negative advantages (> 1)",
-    "policy_loss.loss_mode": "policy loss from the registry: vanilla, gspo, sapo, cispo, reinforce, clip_cov, kl_cov, gpg, geo_mean or one you register (docs/algorithms.md)",
+    "policy_loss.loss_mode": (
+        "policy loss from the registry: vanilla, gspo, sapo, cispo, reinforce, clip_cov, kl_cov, "
+        "gpg, geo_mean or one you register (docs/algorithms.md)"
+    ),
     "policy_loss.clip_cov_lb": "clip_cov: lower covariance bound of the clipped tokens",
     "policy_loss.clip_cov_ub": "clip_cov: upper covariance bound of the clipped tokens",
     "policy_loss.ppo_kl_coef": "kl_cov: coefficient of the KL penalty on the selected tokens",
     "policy_loss.tau_neg": "sapo: soft-gate temperature for negative advantages",
-    "loss_agg_mode": "how token losses are averaged: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, prompt-mean",
+    "loss_agg_mode": (
+        "how token losses are averaged: token-mean, seq-mean-token-mean, seq-mean-token-sum, "
+        "seq-mean-token-sum-norm, prompt-mean"
+    ),
     "actor.entropy_coeff": "weight of the entropy bonus (loss -= coeff * entropy)",
     "actor.entropy_from_logits_with_chunking": "compute the entropy in chunks (less memory for large vocabularies)",
-    "actor.use_kl_loss": "add kl_loss_coef * KL(policy to reference) to the loss (GRPO style; needs the reference policy)",
+    "actor.use_kl_loss": (
+        "add kl_loss_coef * KL(policy to reference) to the loss (GRPO style; needs the reference policy)"
+    ),
     "actor.kl_loss_coef": "weight of the KL loss",
-    "actor.kl_loss_type": "KL estimator of the KL loss: kl/k1, abs, mse/k2, low_var_kl/k3 (+ suffix: straight-through gradient), full",
+    "actor.kl_loss_type": (
+        "KL estimator of the KL loss: kl/k1, abs, mse/k2, low_var_kl/k3 (+ suffix: straight-through gradient), full"
+    ),
     # optimizer
     "optim.lr": "learning rate (AdamW)",
     "optim.lr_warmup_steps": "linear warm-up steps (-1: use lr_warmup_steps_ratio)",
@@ -113,7 +128,10 @@ GLOSSARY = {
     "optim.eps": "AdamW epsilon",
     # rollout
     "rollout.name": "generation engine: hf (Hugging Face generate on the actor's weights, CPU and GPU) or vllm (GPU)",
-    "rollout.mode": "sync or async; here both generate a step's whole batch in one engine call (hf, vllm in-process), so they give the same result",
+    "rollout.mode": (
+        "sync or async; here both generate a step's whole batch in one engine call (hf, vllm in-process), "
+        "so they give the same result"
+    ),
     "rollout.n": "responses sampled per prompt (the group size of GRPO-style estimators)",
     "rollout.do_sample": "sample (true) or greedy (false)",
     "rollout.temperature": "sampling temperature (log-probs are computed at the same temperature)",
@@ -122,7 +140,9 @@ GLOSSARY = {
     "rollout.prompt_length": "prompt tokens (follows data.max_prompt_length)",
     "rollout.response_length": "response tokens (follows data.max_response_length; must equal it)",
     "rollout.ignore_eos": "keep generating after EOS up to response_length",
-    "rollout.calculate_log_probs": "return the engine's log-probs (rollout_log_probs) for mismatch metrics and rollout correction",
+    "rollout.calculate_log_probs": (
+        "return the engine's log-probs (rollout_log_probs) for mismatch metrics and rollout correction"
+    ),
     "rollout.tensor_model_parallel_size": "vllm: tensor parallel size",
     "rollout.max_num_batched_tokens": "vllm: token budget of one engine step",
     "rollout.max_num_seqs": "vllm: sequences per engine step",
@@ -143,31 +163,51 @@ GLOSSARY = {
     "reward_model.reward_manager": "reward manager: naive, batch, dapo, prime, or path/to/file.py:ClassName",
     "reward_model.reward_kwargs": "options of the reward manager (see the table at the end)",
     # algorithm
-    "algorithm.adv_estimator": "advantage estimator from the registry (gae, grpo, rloo, reinforce_plus_plus, remax, opo, gpg, norm, ... or one you register)",
+    "algorithm.adv_estimator": (
+        "advantage estimator from the registry (gae, grpo, rloo, reinforce_plus_plus, remax, "
+        "opo, gpg, norm, ... or one you register)"
+    ),
     "algorithm.gamma": "discount factor",
     "algorithm.lam_kwargs": "arguments of a lambda function given in algorithm.lam",
     "algorithm.gae_timestep_unit": "GAE step: token, or turn (multi-turn: one step per generated turn)",
     "algorithm.norm_adv_by_std_in_grpo": "GRPO divides by the group std (false: Dr.GRPO)",
-    "algorithm.use_kl_in_reward": "subtract beta * KL(old policy to reference) from the token rewards (PPO style; needs the reference policy)",
+    "algorithm.use_kl_in_reward": (
+        "subtract beta * KL(old policy to reference) from the token rewards (PPO style; needs the reference policy)"
+    ),
     "algorithm.kl_penalty": "KL estimator of the in-reward penalty: kl/k1, abs, mse/k2, low_var_kl/k3, full",
     "algorithm.adv_norm": "a NormConfig applied to the advantages (see the table below); null: the estimator's own",
-    "algorithm.reward_norm": "a NormConfig applied to the outcome rewards before the estimator (norm estimator); null: off",
+    "algorithm.reward_norm": (
+        "a NormConfig applied to the outcome rewards before the estimator (norm estimator); null: off"
+    ),
     "kl_ctrl.type": "fixed or adaptive KL coefficient",
     "kl_ctrl.kl_coef": "(initial) KL coefficient beta",
     "kl_ctrl.horizon": "adaptive: horizon of the update",
     "kl_ctrl.target_kl": "adaptive: target KL",
     "filter_groups.enable": "DAPO dynamic sampling: drop groups whose responses all have the same metric",
-    "filter_groups.metric": "per-response value that must vary within a group: acc (falls back to the score), score, or a reward extra-info column",
-    "filter_groups.max_num_gen_batches": "at most this many generation rounds per step (0: no cap); at the cap the step trains on what it has",
-    "filter_groups.keep_generating": "generate more rounds until data.train_batch_size groups are kept (false: train on the survivors of one round)",
+    "filter_groups.metric": (
+        "per-response value that must vary within a group: acc (falls back to the score), score, "
+        "or a reward extra-info column"
+    ),
+    "filter_groups.max_num_gen_batches": (
+        "at most this many generation rounds per step (0: no cap); at the cap the step trains on what it has"
+    ),
+    "filter_groups.keep_generating": (
+        "generate more rounds until data.train_batch_size groups are kept (false: train on the survivors of one round)"
+    ),
     "rollout_correction.rollout_is_threshold": "truncation C of the importance weights",
     "rollout_correction.rollout_rs_threshold": "upper bound of the rejection test",
     "rollout_correction.rollout_rs_threshold_lower": "lower bound of the rejection test (ratio modes)",
     # ray
     "ray_init.num_cpus": "CPUs of the private local Ray (null: all of this machine)",
     "ray_init.address": "join this Ray cluster (auto or host:port); null: a private local Ray (or RAY_ADDRESS)",
-    "fsdp_config.wrap_policy.min_num_params": "without a decoder-layer class: wrap every child module with at least this many parameters (0: the decoder layers)",
-    "fsdp.wrap_policy.min_num_params": "without a decoder-layer class: wrap every child module with at least this many parameters (0: the decoder layers)",
+    "fsdp_config.wrap_policy.min_num_params": (
+        "without a decoder-layer class: wrap every child module with at least "
+        "this many parameters (0: the decoder layers)"
+    ),
+    "fsdp.wrap_policy.min_num_params": (
+        "without a decoder-layer class: wrap every child module with at least this many "
+        "parameters (0: the decoder layers)"
+    ),
     "fsdp.mixed_precision.param_dtype": "compute dtype of parameters (null: bf16 on CUDA, fp32 on CPU)",
     "actor.tau_neg": "sapo: soft-gate temperature for negative advantages (policy_loss.tau_neg wins when given)",
     "actor.tau_pos": "sapo: soft-gate temperature for positive advantages (policy_loss.tau_pos wins when given)",
@@ -176,9 +216,15 @@ GLOSSARY = {
     "rollout.engine_kwargs.vllm": "extra vllm engine arguments",
     "rollout.engine_kwargs.hf": "extra hf engine arguments",
     "critic.forward_micro_batch_size": "upstream's deprecated global size of a forward micro-batch",
-    "reward.custom_reward_function.path": "upstream's current spelling of custom_reward_function.path (used when that is null)",
-    "reward.custom_reward_function.name": "upstream's current spelling of custom_reward_function.name (used when that is null)",
-    "reward.reward_manager.source": "register: reward.reward_manager.name is a registered name; importlib: load module.path:module.name",
+    "reward.custom_reward_function.path": (
+        "upstream's current spelling of custom_reward_function.path (used when that is null)"
+    ),
+    "reward.custom_reward_function.name": (
+        "upstream's current spelling of custom_reward_function.name (used when that is null)"
+    ),
+    "reward.reward_manager.source": (
+        "register: reward.reward_manager.name is a registered name; importlib: load module.path:module.name"
+    ),
     "reward.reward_manager.name": "upstream's current spelling of reward_model.reward_manager (used when that is null)",
     "reward.reward_model.model_path": "upstream's current spelling of reward_model.model.path (used when that is null)",
     "reward.reward_model.enable": "upstream's current spelling of reward_model.enable (used when that is null)",
@@ -216,8 +262,12 @@ def glossary(key: str) -> str:
 # keys without a dataclass of their own
 EXTRA_DOCS = {
     "actor_rollout_ref": "The policy: model, actor (training), rollout (generation) and reference policy, colocated.",
-    "actor_rollout_ref.hybrid_engine": "Actor and rollout share one process and the same weights (the only supported mode).",
-    "hydra.job.chdir": "Hydra stays in the launch directory, so relative paths are relative to where you ran the command.",
+    "actor_rollout_ref.hybrid_engine": (
+        "Actor and rollout share one process and the same weights (the only supported mode)."
+    ),
+    "hydra.job.chdir": (
+        "Hydra stays in the launch directory, so relative paths are relative to where you ran the command."
+    ),
 }
 
 
@@ -474,13 +524,18 @@ def generate() -> str:
         "",
         "| option | managers | default | meaning |",
         "| --- | --- | --- | --- |",
-        "| `error_score` | all | `0.0` | score of a response whose scoring failed: raised, timed out, returned NaN/inf or a non-number (counted in `reward/score_errors`); `null` stops the run with the error |",
-        "| `truncation_penalty` | all | `null` | when set, a response without EOS (cut by `data.max_response_length`) gets this score (the EOS trick) |",
+        "| `error_score` | all | `0.0` | score of a response whose scoring failed: raised, timed out, returned NaN/inf "
+        "or a non-number (counted in `reward/score_errors`); `null` stops the run with the error |",
+        "| `truncation_penalty` | all | `null` | when set, a response without EOS (cut by `data.max_response_length`) "
+        "gets this score (the EOS trick) |",
         "| `eos_token_id` | all | tokenizer's | token id(s) that end a response, for truncation detection |",
-        "| `overlong_buffer_cfg` | dapo | `null` | `{enable, len, penalty_factor, log}`: soft overlong penalty, 0 up to `max_response_length - len`, then linear down to `-penalty_factor` |",
+        "| `overlong_buffer_cfg` | dapo | `null` | `{enable, len, penalty_factor, log}`: soft overlong penalty, 0 up "
+        "to `max_response_length - len`, then linear down to `-penalty_factor` |",
         "| `max_resp_len` | dapo | `data.max_response_length` | length limit used by the overlong penalty |",
-        "| `timeout` | all | `30.0` (`batch`: `300.0`) | seconds one scoring call may run; a longer call is cut, scored `error_score` and counted in `reward/score_timeouts`; `null`: no limit (not for prime) |",
-        "| `num_processes` | prime | `4` | scoring worker processes (a call past `timeout` has its process killed and replaced) |",
+        "| `timeout` | all | `30.0` (`batch`: `300.0`) | seconds one scoring call may run; a longer call is cut, "
+        "scored `error_score` and counted in `reward/score_timeouts`; `null`: no limit (not for prime) |",
+        "| `num_processes` | prime | `4` | scoring worker processes (a call past `timeout` has its process "
+        "killed and replaced) |",
         "| any other | batch | | passed to every call of the batched scoring function |",
         "",
     ]

@@ -265,7 +265,8 @@ def _compare_defaults(node, defaults, path, mismatches):
         if rule_for(f"{path}{key}") is not None or f"{path}{key}" in DEFAULTS_NOT_EQUAL:
             continue  # a key without effect or not available here (upstream_keys), or a listed exception
         assert key in fields, (
-            f"{path}{key} is in the yaml but not a field of {defaults.__name__ if isinstance(defaults, type) else type(defaults).__name__}"
+            f"{path}{key} is in the yaml but not a field of "
+            f"{defaults.__name__ if isinstance(defaults, type) else type(defaults).__name__}"
         )
         if isinstance(defaults, type):
             f = fields[key]

@@ -292,7 +292,6 @@ def test_gpg_is_minus_advantage_times_log_prob():
 
 def test_clip_cov_removes_gradient_of_selected_high_covariance_tokens():
     torch.manual_seed(0)
-    old = torch.zeros(1, 6)
     logp = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 0.0]], requires_grad=True)
     adv = torch.tensor([[3.0, 3.0, -3.0, -3.0, 0.0, 0.0]])
     # cov = (A - 0)(logp - mean logp) = 0 everywhere unless log-probs differ: shift them

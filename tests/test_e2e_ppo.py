@@ -40,10 +40,14 @@ MARKER = {marker!r}
 
 
 @register_policy_loss("e2e_marker_loss")
-def marker_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+def marker_loss(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     with open(MARKER, "a") as fh:
         fh.write(f"{{os.getpid()}}\\n")
-    return compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return compute_policy_loss_vanilla(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
 """
 
 
@@ -237,7 +241,8 @@ class RecordSteps(TrainerCallback):
 
     def on_step_end(self, trainer, metrics):
         with open({path!r}, "a") as fh:
-            fh.write(json.dumps({{"step": trainer.global_steps, "has_adv_rows": "callback/adv_rows" in metrics}}) + "\\n")
+            row = {{"step": trainer.global_steps, "has_adv_rows": "callback/adv_rows" in metrics}}
+            fh.write(json.dumps(row) + "\\n")
 """
 
 
@@ -422,7 +427,8 @@ def test_reward_model_worker_scores_the_responses(ray_session, assets, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "rollouts" / "1.jsonl").read_text().splitlines()]
     assert len(rows) == 8 and {"input", "output", "score", "ground_truth"} <= set(rows[0])
     rule = [sum(c.isdigit() for c in r["output"]) / 6 for r in rows]
-    assert any(abs(r["score"] - x) > 1e-6 for r, x in zip(rows, rule, strict=False))  # the reward model's scores, not the rule's
+    # the reward model's scores, not the rule's
+    assert any(abs(r["score"] - x) > 1e-6 for r, x in zip(rows, rule, strict=False))
     # validation with n=2 samples per prompt: best@2 and maj@2 (vote over the response texts)
     assert {
         "val-core/e2e_toy/reward/mean@2",

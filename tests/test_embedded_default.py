@@ -137,7 +137,8 @@ def test_shipped_build_info_matches_a_fresh_measurement(tok, model):
         )
     texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
     acc = sum(
-        default_compute_score(r["data_source"], t, r["reward_model"]["ground_truth"]) for t, r in zip(texts, rows, strict=False)
+        default_compute_score(r["data_source"], t, r["reward_model"]["ground_truth"])
+        for t, r in zip(texts, rows, strict=False)
     )
     assert acc / len(rows) == pytest.approx(ev["greedy_accuracy"], abs=1.5 / len(rows))
 

@@ -221,7 +221,7 @@ def test_config_get_reads_dicts_dataclasses_dictconfig_and_objects():
     )
 
 
-# ----------------------------------------------------------------------------- protocol v2 contracts (upstream's tensordict_utils)
+# ------------------------------------------------------------------ protocol v2 contracts (upstream's tensordict_utils)
 
 
 def _rows3d(lengths, base=0):

@@ -31,7 +31,7 @@ def test_file_logger_writes_jsonl_and_appends_on_resume(tmp_path):
     tr = Tracking("p", "e", ["file"], log_dir=str(tmp_path))
     tr.log({"critic/score/mean": 0.2}, step=2)
     tr.finish()
-    recs = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2]
     assert recs[0]["data"]["x"] == "nan"  # kept visible, still valid JSON
     assert lines == ["step 1 | score 0.1"]
@@ -88,7 +88,7 @@ def test_file_logger_knows_its_steps_syncs_and_cuts_a_partial_last_line(tmp_path
     tr = Tracking("p", "e", ["file"], log_dir=str(tmp_path))
     tr.log({"a": 3.0}, step=3)
     tr.finish()
-    assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [1, 2, 3]
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
     assert (
         Tracking("p", "e", ["console"], log_dir=str(tmp_path), console_write=lambda s: None).has_logged_step(1) is None
     )

@@ -37,16 +37,18 @@ def inv(name, feature, args: str, expect="ok", config_name="ppo_trainer") -> Inv
     return Invocation(name, feature, tuple(args.split()), expect, config_name)
 
 
-GRPO_QWEN3_8B = """algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False
- data.train_files=['$TRAIN','$TRAIN'] data.val_files=['$VAL','$VAL'] data.train_batch_size=1024
- data.max_prompt_length=1024 data.max_response_length=2048 data.filter_overlong_prompts=True data.truncation=error
- actor_rollout_ref.model.path=$MODEL actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.model.enable_gradient_checkpointing=True
- actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.use_dynamic_bsz=True
- actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576 actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
+GRPO_QWEN3_8B = """algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False data.train_files=['$TRAIN','$TRAIN']
+ data.val_files=['$VAL','$VAL'] data.train_batch_size=1024 data.max_prompt_length=1024 data.max_response_length=2048
+ data.filter_overlong_prompts=True data.truncation=error actor_rollout_ref.model.path=$MODEL
+ actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.model.enable_gradient_checkpointing=True
+ actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=256
+ actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576
+ actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
  actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0
  actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
- actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.gpu_memory_utilization=0.6
- actor_rollout_ref.rollout.n=5 actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576
+ actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=2
+ actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
+ actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576
  actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576
  actor_rollout_ref.ref.fsdp_config.param_offload=True trainer.balance_batch=True trainer.logger=[console,wandb]
  trainer.project_name=verl_grpo_gsm8k_math trainer.experiment_name=qwen3_8b_grpo_vllm_fsdp trainer.n_gpus_per_node=8
@@ -54,17 +56,18 @@ GRPO_QWEN3_8B = """algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False
 
 GRPO_2024 = """algorithm.adv_estimator=grpo data.train_files=$TRAIN data.val_files=$VAL data.train_batch_size=1024
  data.max_prompt_length=512 data.max_response_length=1024 data.filter_overlong_prompts=True data.truncation=error
- actor_rollout_ref.model.path=$MODEL actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.model.use_remove_padding=True
- actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40
- actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl
+ actor_rollout_ref.model.path=$MODEL actor_rollout_ref.actor.optim.lr=1e-6
+ actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.ppo_mini_batch_size=256
+ actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40 actor_rollout_ref.actor.use_kl_loss=True
+ actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl
  actor_rollout_ref.actor.entropy_coeff=0 actor_rollout_ref.model.enable_gradient_checkpointing=True
  actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40 actor_rollout_ref.rollout.tensor_model_parallel_size=2
  actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40 actor_rollout_ref.ref.fsdp_config.param_offload=True
- algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=[console,wandb] trainer.project_name=verl_grpo_example_gsm8k
- trainer.experiment_name=qwen2_7b_function_rm trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5
- trainer.total_epochs=15"""
+ algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=[console,wandb]
+ trainer.project_name=verl_grpo_example_gsm8k trainer.experiment_name=qwen2_7b_function_rm trainer.n_gpus_per_node=8
+ trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15"""
 
 PPO_QWEN3_8B = """algorithm.adv_estimator=gae data.train_files=['$TRAIN','$TRAIN'] data.val_files=['$VAL','$VAL']
  data.train_batch_size=1024 data.max_prompt_length=1024 data.max_response_length=2048 data.filter_overlong_prompts=True
@@ -73,63 +76,70 @@ PPO_QWEN3_8B = """algorithm.adv_estimator=gae data.train_files=['$TRAIN','$TRAIN
  actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.use_dynamic_bsz=True
  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576 actor_rollout_ref.actor.entropy_coeff=0
  actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
- actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.tensor_model_parallel_size=2
- actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=1 actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+ actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async
+ actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+ actor_rollout_ref.rollout.n=1 actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
  actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576 actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
  actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576 actor_rollout_ref.ref.fsdp_config.param_offload=True
- critic.model.path=$MODEL critic.model.use_remove_padding=True critic.model.enable_gradient_checkpointing=True critic.optim.lr=1e-5
- critic.use_dynamic_bsz=True critic.ppo_max_token_len_per_gpu=24576 critic.fsdp.param_offload=False critic.fsdp.optimizer_offload=False
- trainer.balance_batch=True trainer.critic_warmup=0 trainer.logger=[console,wandb] trainer.project_name=verl_ppo_gsm8k_math
- trainer.experiment_name=qwen3_8b_vllm_fsdp trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5
- trainer.total_epochs=15"""
+ critic.model.path=$MODEL critic.model.use_remove_padding=True critic.model.enable_gradient_checkpointing=True
+ critic.optim.lr=1e-5 critic.use_dynamic_bsz=True critic.ppo_max_token_len_per_gpu=24576 critic.fsdp.param_offload=False
+ critic.fsdp.optimizer_offload=False trainer.balance_batch=True trainer.critic_warmup=0 trainer.logger=[console,wandb]
+ trainer.project_name=verl_ppo_gsm8k_math trainer.experiment_name=qwen3_8b_vllm_fsdp trainer.n_gpus_per_node=8
+ trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15"""
 
 PPO_2024 = """algorithm.adv_estimator=gae data.train_files=$TRAIN data.val_files=$VAL data.train_batch_size=1024
  data.max_prompt_length=512 data.max_response_length=512 data.filter_overlong_prompts=True data.truncation=error
- actor_rollout_ref.model.path=$MODEL actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.model.use_remove_padding=True
- actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
- actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
- actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.model.enable_gradient_checkpointing=True
+ actor_rollout_ref.model.path=$MODEL actor_rollout_ref.actor.optim.lr=1e-6
+ actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.ppo_mini_batch_size=256
+ actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 actor_rollout_ref.actor.fsdp_config.param_offload=False
+ actor_rollout_ref.actor.fsdp_config.optimizer_offload=False actor_rollout_ref.actor.use_kl_loss=False
+ actor_rollout_ref.model.enable_gradient_checkpointing=True
  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 actor_rollout_ref.rollout.tensor_model_parallel_size=4
  actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.gpu_memory_utilization=0.4 critic.optim.lr=1e-5
  critic.model.use_remove_padding=True critic.model.path=$MODEL critic.model.enable_gradient_checkpointing=True
- critic.ppo_micro_batch_size_per_gpu=32 critic.model.fsdp_config.param_offload=False critic.model.fsdp_config.optimizer_offload=False
- algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=[console,wandb] trainer.project_name=verl_example_gsm8k
+ critic.ppo_micro_batch_size_per_gpu=32 critic.model.fsdp_config.param_offload=False
+ critic.model.fsdp_config.optimizer_offload=False algorithm.use_kl_in_reward=False trainer.critic_warmup=0
+ trainer.logger=[console,wandb] trainer.project_name=verl_example_gsm8k
  trainer.experiment_name=deepseek_llm_7b_function_rm trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=20
  trainer.test_freq=1 trainer.total_epochs=15"""
 
 RM_SEQ_BALANCE = """algorithm.adv_estimator=gae data.train_files=['$TRAIN','$TRAIN'] data.val_files=['$VAL','$VAL']
  data.train_batch_size=4096 data.max_prompt_length=4096 data.max_response_length=4096 data.filter_overlong_prompts=True
- data.truncation=error data.return_raw_chat=True actor_rollout_ref.model.path=$MODEL actor_rollout_ref.actor.optim.lr=1e-6
- actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.model.enable_gradient_checkpointing=True
- actor_rollout_ref.actor.ppo_mini_batch_size=512 actor_rollout_ref.actor.use_dynamic_bsz=True
- actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000 actor_rollout_ref.actor.fsdp_config.param_offload=False
- actor_rollout_ref.actor.fsdp_config.optimizer_offload=False actor_rollout_ref.actor.use_kl_loss=False
- actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm
- actor_rollout_ref.rollout.gpu_memory_utilization=0.5 actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24000
- critic.optim.lr=1e-5 critic.model.use_remove_padding=True critic.model.path=$MODEL critic.model.enable_gradient_checkpointing=True
+ data.truncation=error data.return_raw_chat=True actor_rollout_ref.model.path=$MODEL
+ actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.model.use_remove_padding=True
+ actor_rollout_ref.model.enable_gradient_checkpointing=True actor_rollout_ref.actor.ppo_mini_batch_size=512
+ actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000
+ actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+ actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.rollout.tensor_model_parallel_size=2
+ actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+ actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24000 critic.optim.lr=1e-5
+ critic.model.use_remove_padding=True critic.model.path=$MODEL critic.model.enable_gradient_checkpointing=True
  critic.use_dynamic_bsz=True critic.ppo_max_token_len_per_gpu=98304 critic.model.fsdp_config.param_offload=False
  critic.model.fsdp_config.optimizer_offload=False reward_model.enable=True reward_model.model_path=$MODEL
  reward_model.use_reward_loop=True reward_model.inference.name=vllm reward_model.inference.gpu_memory_utilization=0.8
  reward_model.inference.tensor_model_parallel_size=1 reward_model.inference.prompt_length=8192
- reward_model.inference.response_length=4096 reward_model.num_workers=8 algorithm.use_kl_in_reward=False trainer.critic_warmup=0
- trainer.logger=[console,wandb] trainer.project_name=verl_example_gsm8k trainer.experiment_name=qwen2-7b_hybrid_rm
- trainer.n_gpus_per_node=8 trainer.val_before_train=False trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15"""
+ reward_model.inference.response_length=4096 reward_model.num_workers=8 algorithm.use_kl_in_reward=False
+ trainer.critic_warmup=0 trainer.logger=[console,wandb] trainer.project_name=verl_example_gsm8k
+ trainer.experiment_name=qwen2-7b_hybrid_rm trainer.n_gpus_per_node=8 trainer.val_before_train=False trainer.nnodes=1
+ trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15"""
 
-REWARD_LOOP_COLOCATE = """algorithm.adv_estimator=gae data.train_files=$TRAIN data.val_files=$VAL data.train_batch_size=1024
- data.max_prompt_length=1024 data.max_response_length=1024 actor_rollout_ref.model.path=$MODEL
- actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
- actor_rollout_ref.rollout.name=vllm critic.model.path=$MODEL critic.ppo_micro_batch_size_per_gpu=16
- reward.reward_model.enable=True reward.reward_model.model_path=$MODEL reward.reward_model.rollout.name=vllm
- reward.reward_model.rollout.gpu_memory_utilization=0.8 reward.reward_model.rollout.tensor_model_parallel_size=1
- reward.reward_model.rollout.prompt_length=2048 reward.reward_model.rollout.response_length=1024 reward.num_workers=8
- trainer.logger=[console,wandb] trainer.n_gpus_per_node=8 trainer.nnodes=1"""
+REWARD_LOOP_COLOCATE = """algorithm.adv_estimator=gae data.train_files=$TRAIN data.val_files=$VAL
+ data.train_batch_size=1024 data.max_prompt_length=1024 data.max_response_length=1024
+ actor_rollout_ref.model.path=$MODEL actor_rollout_ref.actor.ppo_mini_batch_size=256
+ actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 actor_rollout_ref.rollout.name=vllm critic.model.path=$MODEL
+ critic.ppo_micro_batch_size_per_gpu=16 reward.reward_model.enable=True reward.reward_model.model_path=$MODEL
+ reward.reward_model.rollout.name=vllm reward.reward_model.rollout.gpu_memory_utilization=0.8
+ reward.reward_model.rollout.tensor_model_parallel_size=1 reward.reward_model.rollout.prompt_length=2048
+ reward.reward_model.rollout.response_length=1024 reward.num_workers=8 trainer.logger=[console,wandb]
+ trainer.n_gpus_per_node=8 trainer.nnodes=1"""
 
 # the same GRPO base with an algorithm's flags, as the algorithm folders' scripts write them
 _BASE = """algorithm.adv_estimator=grpo data.train_files=$TRAIN data.val_files=$VAL data.train_batch_size=512
  data.max_prompt_length=1024 data.max_response_length=4096 actor_rollout_ref.model.path=$MODEL
  actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.actor.use_dynamic_bsz=True
- actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480 actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=16
- actor_rollout_ref.rollout.tensor_model_parallel_size=4 trainer.logger=[console,wandb] trainer.n_gpus_per_node=8 trainer.nnodes=1 """
+ actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480 actor_rollout_ref.rollout.name=vllm
+ actor_rollout_ref.rollout.n=16 actor_rollout_ref.rollout.tensor_model_parallel_size=4 trainer.logger=[console,wandb]
+ trainer.n_gpus_per_node=8 trainer.nnodes=1 """
 
 CORPUS: tuple[Invocation, ...] = (
     inv("grpo_trainer/run_qwen3_8b_fsdp.sh", "GRPO FSDP", GRPO_QWEN3_8B),
@@ -146,7 +156,8 @@ CORPUS: tuple[Invocation, ...] = (
         "grpo_trainer/run_qwen3_8b_fsdp.sh MACHINE=gb200",
         "GRPO FSDP",
         GRPO_QWEN3_8B + " actor_rollout_ref.rollout.enforce_eager=True "
-        "actor_rollout_ref.rollout.free_cache_engine=True actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16 +ray_kwargs.ray_init.num_gpus=4",
+        "actor_rollout_ref.rollout.free_cache_engine=True actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16 "
+        "+ray_kwargs.ray_init.num_gpus=4",
     ),
     inv(
         "grpo_trainer (uv runtime_env)",
@@ -169,18 +180,20 @@ CORPUS: tuple[Invocation, ...] = (
     inv(
         "ppo_trainer/run_qwen2-7b_rm_seq_balance_fused_kernels.sh",
         "PPO FSDP",
-        RM_SEQ_BALANCE
-        + " actor_rollout_ref.model.use_fused_kernels=True actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+        RM_SEQ_BALANCE + " actor_rollout_ref.model.use_fused_kernels=True "
+        "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
     ),
     inv(
         "dapo (recipe)",
         "algorithms",
         _BASE
-        + """data.gen_batch_size=1536 algorithm.filter_groups.enable=True
-        algorithm.filter_groups.metric=acc algorithm.filter_groups.max_num_gen_batches=10 actor_rollout_ref.actor.clip_ratio_low=0.2
-        actor_rollout_ref.actor.clip_ratio_high=0.28 actor_rollout_ref.actor.clip_ratio_c=10.0 actor_rollout_ref.actor.loss_agg_mode=token-mean
-        reward_model.reward_manager=dapo +reward_model.reward_kwargs.overlong_buffer_cfg.enable=True
-        +reward_model.reward_kwargs.overlong_buffer_cfg.len=512 +reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0
+        + """data.gen_batch_size=1536 algorithm.filter_groups.enable=True algorithm.filter_groups.metric=acc
+        algorithm.filter_groups.max_num_gen_batches=10 actor_rollout_ref.actor.clip_ratio_low=0.2
+        actor_rollout_ref.actor.clip_ratio_high=0.28 actor_rollout_ref.actor.clip_ratio_c=10.0
+        actor_rollout_ref.actor.loss_agg_mode=token-mean reward_model.reward_manager=dapo
+        +reward_model.reward_kwargs.overlong_buffer_cfg.enable=True
+        +reward_model.reward_kwargs.overlong_buffer_cfg.len=512
+        +reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0
         +reward_model.reward_kwargs.overlong_buffer_cfg.log=False +reward_model.reward_kwargs.max_resp_len=4096
         actor_rollout_ref.rollout.val_kwargs.top_k=-1 actor_rollout_ref.rollout.val_kwargs.top_p=0.7
         actor_rollout_ref.rollout.val_kwargs.temperature=1.0 actor_rollout_ref.rollout.val_kwargs.n=1
@@ -203,7 +216,8 @@ CORPUS: tuple[Invocation, ...] = (
         "sapo_trainer/run_qwen3_8b_fsdp.sh",
         "algorithms",
         _BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=sapo "
-        "+actor_rollout_ref.actor.policy_loss.tau_pos=1.0 +actor_rollout_ref.actor.policy_loss.tau_neg=1.05 actor_rollout_ref.actor.strategy=fsdp2",
+        "+actor_rollout_ref.actor.policy_loss.tau_pos=1.0 +actor_rollout_ref.actor.policy_loss.tau_neg=1.05 "
+        "actor_rollout_ref.actor.strategy=fsdp2",
     ),
     inv(
         "sapo (actor-level tau)",
@@ -301,8 +315,10 @@ CORPUS: tuple[Invocation, ...] = (
         "grpo_trainer/run_qwen3_8b_fsdp.sh DEVICE=npu",
         "NPU / Ulysses",
         GRPO_QWEN3_8B + " actor_rollout_ref.actor.use_torch_compile=False "
-        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4 actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=4 "
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 "
+        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4 "
+        "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=4 "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 "
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 "
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096",
         expect=r"ulysses_sequence_parallel_size=4: Ulysses sequence parallelism " + NOT_AVAILABLE,
     ),
@@ -330,7 +346,8 @@ CORPUS: tuple[Invocation, ...] = (
         "ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh",
         "profiler",
         GRPO_2024 + " global_profiler.tool=nsys "
-        "global_profiler.steps=[1,2,5] actor_rollout_ref.actor.profiler.enable=True actor_rollout_ref.actor.profiler.all_ranks=True",
+        "global_profiler.steps=[1,2,5] actor_rollout_ref.actor.profiler.enable=True "
+        "actor_rollout_ref.actor.profiler.all_ranks=True",
         expect=r"the per-role profilers .* " + NOT_AVAILABLE,
     ),
     inv(
@@ -349,7 +366,8 @@ CORPUS: tuple[Invocation, ...] = (
         "engine knobs (no effect)",
         "GRPO FSDP",
         GRPO_2024 + " actor_rollout_ref.actor.fsdp_config.forward_prefetch=True "
-        "actor_rollout_ref.actor.entropy_checkpointing=True actor_rollout_ref.rollout.max_model_len=4096 trainer.use_legacy_worker_impl=disable",
+        "actor_rollout_ref.actor.entropy_checkpointing=True actor_rollout_ref.rollout.max_model_len=4096 "
+        "trainer.use_legacy_worker_impl=disable",
     ),
 )
 

@@ -667,7 +667,10 @@ NOT_PROVIDED: dict[str, dict[str, str]] = {
         "PlacementUnavailableError": _RUNTIME,
     },
     "verl.single_controller.ray": {
-        "ResourcePoolManager": "lives in verl.trainer.ppo.ray_trainer (as in upstream's release); the single controller must not import the trainer",
+        "ResourcePoolManager": (
+            "lives in verl.trainer.ppo.ray_trainer (as in upstream's release); the single "
+            "controller must not import the trainer"
+        ),
         "SubRayResourcePool": "no sub-pool splitting of a Ray placement group",
         "create_colocated_worker_cls_fused": "colocation uses create_colocated_worker_cls only",
     },

@@ -3,6 +3,7 @@ process (clipping, schedules, autocast dtype), user-module imports, tokenizer lo
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 
@@ -121,7 +122,7 @@ def test_response_outputs_reads_the_predicting_positions_with_or_without_keep(re
 
     for truncate in (False, True):
         out, valid, (n_valid, slots) = response_outputs(
-            lambda keep, **kw: forward(keep, truncate=truncate, **kw), ids, mask, pos, 3, remove_padding=remove_padding
+            functools.partial(forward, truncate=truncate), ids, mask, pos, 3, remove_padding=remove_padding
         )
         assert valid.tolist() == [[True, True, False], [True, False, False], [True, True, True]]
         # response token j is predicted by the token before it: (its position - 1, the previous id)

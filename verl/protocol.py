@@ -212,8 +212,10 @@ def _merge_meta_info(metas: Sequence[dict]) -> dict:
                 merged[key], origin[key] = value, part
             elif not _values_equal(merged[key], value):
                 raise tu.ProtocolError(
-                    f"Conflicting values for meta_info key '{key}': cannot concat DataProtos, meta_info[{key!r}] is {_short(merged[key])} in part {origin[key]} "
-                    f"but {_short(value)} in part {part}; make the workers agree (e.g. reduce it) or pop it before concat"
+                    f"Conflicting values for meta_info key '{key}': cannot concat DataProtos, meta_info[{key!r}] is "
+                    f"{_short(merged[key])} in part {origin[key]} "
+                    f"but {_short(value)} in part {part}; make the workers agree (e.g. reduce it) or "
+                    "pop it before concat"
                 )
     if metrics is not None:
         merged["metrics"] = metrics
@@ -246,7 +248,8 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
         if key in tensor_dict1:
             if not isinstance(val, np.ndarray) or not _values_equal(tensor_dict1[key], val):
                 raise tu.ProtocolError(
-                    f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. The non-tensor key {key!r} holds "
+                    f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. The "
+                    f"non-tensor key {key!r} holds "
                     "different values in the two dicts; union refuses to overwrite it"
                 )
         else:
@@ -258,7 +261,8 @@ def _union_meta(meta1: dict, meta2: dict) -> dict:
     for key, val in meta2.items():
         if key in meta1 and not _values_equal(meta1[key], val):
             raise tu.ProtocolError(
-                f"{key} in meta_dict1 and meta_dict2 are not the same object: meta_info key {key!r} differs between the "
+                f"{key} in meta_dict1 and meta_dict2 are not the same object: meta_info key {key!r} "
+                "differs between the "
                 f"two DataProtos ({_short(meta1[key])} vs {_short(val)})"
             )
         meta1[key] = val
@@ -294,7 +298,8 @@ def _mini_batch_indices(
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
     if n % mini_batch_size != 0 and not kwargs.get("drop_last", False):
         raise tu.ProtocolError(
-            f"{n} % {mini_batch_size} != 0: {n} rows do not divide into mini-batches of {mini_batch_size}; pass dataloader_kwargs={{'drop_last': True}} to drop the remainder"
+            f"{n} % {mini_batch_size} != 0: {n} rows do not divide into mini-batches of {mini_batch_size}; pass "
+            "dataloader_kwargs={'drop_last': True} to drop the remainder"
         )
     generator = None
     if seed is not None:
@@ -359,7 +364,8 @@ class DataProto:
                 raise TypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
             if len(self.batch.batch_size) != 1:
                 raise ValueError(
-                    f"DataProto.batch must have exactly one batch dimension, got batch_size={tuple(self.batch.batch_size)}"
+                    "DataProto.batch must have exactly one batch dimension, got "
+                    f"batch_size={tuple(self.batch.batch_size)}"
                 )
         if not isinstance(self.non_tensor_batch, dict):
             raise TypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
@@ -370,11 +376,13 @@ class DataProto:
         for key, val in self.non_tensor_batch.items():
             if not isinstance(val, np.ndarray):
                 raise TypeError(
-                    f"non_tensor_batch[{key!r}] must be a np.ndarray (dtype=object for Python objects), got {type(val).__name__}"
+                    f"non_tensor_batch[{key!r}] must be a np.ndarray (dtype=object for Python objects), got "
+                    f"{type(val).__name__}"
                 )
             if val.ndim == 0:
                 raise ValueError(
-                    f"non_tensor_batch[{key!r}] is a 0-d array; it needs one entry per row (put batch-wide values in meta_info)"
+                    f"non_tensor_batch[{key!r}] is a 0-d array; it needs one entry per row (put batch-wide "
+                    "values in meta_info)"
                 )
             if rows is None:
                 rows, reference = val.shape[0], f"non_tensor_batch[{next(iter(self.non_tensor_batch))!r}]"
@@ -395,7 +403,10 @@ class DataProto:
             else {}
         )
         non_tensors = {k: f"{v.shape} {v.dtype}" for k, v in self.non_tensor_batch.items()}
-        return f"DataProto(len={len(self)}, batch={tensors}, non_tensor_batch={non_tensors}, meta_info_keys={sorted(self.meta_info)})"
+        return (
+            f"DataProto(len={len(self)}, batch={tensors}, non_tensor_batch={non_tensors}, "
+            f"meta_info_keys={sorted(self.meta_info)})"
+        )
 
     def __getitem__(self, item):
         """``data[i]`` -> DataProtoItem; ``data[a:b]`` -> view; list / array / tensor of ints or a
@@ -470,7 +481,8 @@ class DataProto:
             for key, val in self.batch.items():
                 shape = tuple(val.shape) if hasattr(val, "shape") else "?"
                 lines.append(
-                    f"  {key}: shape={shape} dtype={getattr(val, 'dtype', type(val).__name__)} device={getattr(val, 'device', None)}"
+                    f"  {key}: shape={shape} dtype={getattr(val, 'dtype', type(val).__name__)} "
+                    f"device={getattr(val, 'device', None)}"
                 )
         lines.append("non_tensor_batch:")
         for key, val in self.non_tensor_batch.items():
@@ -489,7 +501,8 @@ class DataProto:
                     tensor_bytes += t.element_size() * t.numel()
         array_bytes = sum(v.nbytes for v in self.non_tensor_batch.values())
         print(
-            f"{prefix}size of tensordict: {tensor_bytes / 1024**3:.6f} GB, size of non_tensor_batch: {array_bytes / 1024**3:.6f} GB"
+            f"{prefix}size of tensordict: {tensor_bytes / 1024**3:.6f} GB, size of non_tensor_batch: "
+            f"{array_bytes / 1024**3:.6f} GB"
         )
 
     def print_summary(self, desc: str) -> None:
@@ -549,7 +562,8 @@ class DataProto:
         """
         if num_batch_dims != 1:
             raise tu.ProtocolError(
-                f"only support num_batch_dims=1: DataProto has exactly one batch dimension, got num_batch_dims={num_batch_dims}"
+                "only support num_batch_dims=1: DataProto has exactly one batch dimension, got "
+                f"num_batch_dims={num_batch_dims}"
             )
         tensors = tensors or {}
         non_tensors = non_tensors or {}
@@ -748,7 +762,8 @@ class DataProto:
             and (other.batch is not None or other.non_tensor_batch)
         ):
             raise tu.ProtocolError(
-                f"Two tensor dict must have identical batch size: cannot union DataProtos of {len(self)} and {len(other)} rows"
+                f"Two tensor dict must have identical batch size: cannot union DataProtos of {len(self)} "
+                f"and {len(other)} rows"
             )
         if self.batch is None:
             self.batch = other.batch
@@ -845,14 +860,16 @@ class DataProto:
         with_batch = [d.batch is not None for d in parts]
         if any(with_batch) and not all(with_batch):
             raise ValueError(
-                f"DataProto.concat: parts {[i for i, b in enumerate(with_batch) if not b]} have no tensor batch while others do"
+                f"DataProto.concat: parts {[i for i, b in enumerate(with_batch) if not b]} have no tensor "
+                "batch while others do"
             )
         batch = tu.concat_tensordict([d.batch for d in parts]) if all(with_batch) else None
         keys0 = set(parts[0].non_tensor_batch)
         for i, d in enumerate(parts[1:], start=1):
             if set(d.non_tensor_batch) != keys0:
                 raise ValueError(
-                    f"DataProto.concat: part {i} has non_tensor_batch keys {sorted(d.non_tensor_batch)} but part 0 has {sorted(keys0)}"
+                    f"DataProto.concat: part {i} has non_tensor_batch keys {sorted(d.non_tensor_batch)} but part "
+                    f"0 has {sorted(keys0)}"
                 )
         non_tensor = {
             k: np.concatenate([d.non_tensor_batch[k] for d in parts], axis=0) for k in parts[0].non_tensor_batch
@@ -1024,7 +1041,8 @@ def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None
     for key, value in batch.items():
         if not isinstance(value, torch.Tensor):
             raise TypeError(
-                f"serialize_tensordict: entry {key!r} is a {type(value).__name__}; only tensors can be serialized this way"
+                f"serialize_tensordict: entry {key!r} is a {type(value).__name__}; only tensors can "
+                "be serialized this way"
             )
         if value.is_nested:
             items[key] = (
@@ -1233,7 +1251,8 @@ class DataProtoFuture:
             if not isinstance(out, DataProto) and not as_tensordict:
                 who = self.labels[i].text if self.labels else f"result {i}"
                 raise TypeError(
-                    f"{who} returned a {type(out).__name__}, but a DataProtoFuture needs DataProto (or all TensorDict) outputs"
+                    f"{who} returned a {type(out).__name__}, but a DataProtoFuture needs DataProto (or "
+                    "all TensorDict) outputs"
                 )
         # TensorDict outputs (upstream's "protocol v2" workers) are concatenated the tensordict way
         result = tu.concat_tensordict(outputs) if as_tensordict else self.collect_fn(outputs)
@@ -1268,7 +1287,8 @@ class BatchData:
         if isinstance(self.data, TensorDictBase):
             return tu.chunk_tensordict(self.data, chunks)
         raise TypeError(
-            f"BatchData.chunk: a {type(self.data).__name__} is not chunkable (expected DataProto, DataProtoFuture or TensorDict)"
+            f"BatchData.chunk: a {type(self.data).__name__} is not chunkable (expected DataProto, "
+            "DataProtoFuture or TensorDict)"
         )
 
     def _kind(self) -> str | None:

@@ -119,7 +119,8 @@ class FSDPSFTTrainer:
 
         if data.train_batch_size % self.world_size:
             raise ValueError(
-                f"data.train_batch_size={data.train_batch_size} must be divisible by the number of processes {self.world_size}"
+                f"data.train_batch_size={data.train_batch_size} must be divisible by the number of "
+                f"processes {self.world_size}"
             )
         self.local_batch = data.train_batch_size // self.world_size
         if self.local_batch % data.micro_batch_size_per_gpu:
@@ -129,7 +130,8 @@ class FSDPSFTTrainer:
             )
         if len(train_dataset) < data.train_batch_size:
             raise ValueError(
-                f"the SFT training set has {len(train_dataset)} sequences, fewer than data.train_batch_size={data.train_batch_size}"
+                f"the SFT training set has {len(train_dataset)} sequences, fewer than "
+                f"data.train_batch_size={data.train_batch_size}"
             )
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.train_sampler = DistributedSampler(

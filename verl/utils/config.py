@@ -187,7 +187,9 @@ def _conform(value: Any, tp: Any, key: str) -> Any:
             return type(value)(_conform_item(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
         if len(value) != len(args):
             raise _Mismatch
-        return type(value)(_conform_item(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=False)))
+        return type(value)(
+            _conform_item(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=False))
+        )
     if tp is dict or origin is dict:
         if not isinstance(value, dict):
             raise _Mismatch

@@ -52,7 +52,8 @@ def _use_cuda() -> bool:
     available = torch.cuda.is_available()
     if requested == "cuda" and not available:
         raise RuntimeError(
-            f"{_DEVICE_ENV}=cuda but torch sees no CUDA device (torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+            f"{_DEVICE_ENV}=cuda but torch sees no CUDA device (torch {torch.__version__}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
         )
     return available
 

@@ -105,7 +105,8 @@ def get_wrap_layer_classes(module: nn.Module, wrap_policy: dict | None = None) -
     missing = names - {c.__name__ for c in classes}
     if missing and wrap_policy.get("transformer_layer_cls_to_wrap") is not None:
         raise ValueError(
-            f"fsdp_config.wrap_policy.transformer_layer_cls_to_wrap: no module of class {sorted(missing)} in {type(module).__name__}"
+            f"fsdp_config.wrap_policy.transformer_layer_cls_to_wrap: no module of class {sorted(missing)} in "
+            f"{type(module).__name__}"
         )
     return classes
 

@@ -296,8 +296,10 @@ def apply_lora(module: torch.nn.Module, model_config, task_type: str = "CAUSAL_L
             local = copy_to_local(str(adapter_path))
             if not os.path.isfile(os.path.join(local, "adapter_config.json")):
                 raise FileNotFoundError(
-                    f"model.lora_adapter_path={adapter_path!r} is not a peft adapter directory (no adapter_config.json); "
-                    "point it at a lora_adapter/ folder of a checkpoint or a directory written by PeftModel.save_pretrained"
+                    f"model.lora_adapter_path={adapter_path!r} is not a peft adapter directory (no "
+                    "adapter_config.json); "
+                    "point it at a lora_adapter/ folder of a checkpoint or a directory written by "
+                    "PeftModel.save_pretrained"
                 )
             peft_model = PeftModel.from_pretrained(module, local, is_trainable=True)
             loaded = peft_model.peft_config["default"]
@@ -312,7 +314,8 @@ def apply_lora(module: torch.nn.Module, model_config, task_type: str = "CAUSAL_L
             return peft_model
         if model_config.lora_rank <= 0:
             raise ValueError(
-                f"apply_lora needs model.lora_rank > 0 or model.lora_adapter_path, got lora_rank={model_config.lora_rank}"
+                "apply_lora needs model.lora_rank > 0 or model.lora_adapter_path, got "
+                f"lora_rank={model_config.lora_rank}"
             )
         exclude = _plain(model_config.exclude_modules)
         if task_type != "CAUSAL_LM":

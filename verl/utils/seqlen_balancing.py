@@ -386,7 +386,8 @@ def compact_rows(
     """
     if position_ids.dim() != 2:
         raise NotImplementedError(
-            f"compact_rows: position_ids of shape {tuple(position_ids.shape)} (multi-axis rope) are not supported; set model.use_remove_padding=False"
+            f"compact_rows: position_ids of shape {tuple(position_ids.shape)} (multi-axis rope) are not supported; set "
+            "model.use_remove_padding=False"
         )
     valid = attention_mask.bool()
     lengths = valid.sum(dim=-1)

@@ -136,7 +136,8 @@ def get_tensordict(tensor_dict: dict[str, torch.Tensor | list], non_tensor_dict:
             val = NonTensorStack.from_list([NonTensorData(item) for item in val])
         else:
             raise ValueError(
-                f"entry {key!r} has type {type(val).__name__}; expected torch.Tensor, list, np.ndarray or NonTensorStack"
+                f"entry {key!r} has type {type(val).__name__}; expected torch.Tensor, list, "
+                "np.ndarray or NonTensorStack"
             )
         if isinstance(val, torch.Tensor) and val.is_nested and val.layout != torch.jagged:
             raise ValueError(f"nested tensor {key!r} must have layout=torch.jagged, got {val.layout}")
@@ -401,8 +402,10 @@ def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> Ten
     """
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
         raise ProtocolError(
-            f"Two tensor dict must have identical batch size. Got {tensor_dict1.batch_size} and {tensor_dict2.batch_size}: "
-            f"cannot union TensorDicts with batch sizes {tuple(tensor_dict1.batch_size)} and {tuple(tensor_dict2.batch_size)}"
+            f"Two tensor dict must have identical batch size. Got {tensor_dict1.batch_size} and "
+            f"{tensor_dict2.batch_size}: "
+            f"cannot union TensorDicts with batch sizes {tuple(tensor_dict1.batch_size)} and "
+            f"{tuple(tensor_dict2.batch_size)}"
         )
     keys1 = set(tensor_dict1.keys())
     for key in tensor_dict2.keys():
@@ -497,7 +500,8 @@ def contiguous(data: TensorDict) -> TensorDict:
             tensors[key] = val.contiguous()
         else:
             raise TypeError(
-                f"contiguous: entry {key!r} is a {type(val).__name__}; expected a tensor, NonTensorStack or NonTensorData"
+                f"contiguous: entry {key!r} is a {type(val).__name__}; expected a tensor, "
+                "NonTensorStack or NonTensorData"
             )
     return get_tensordict(tensors, non_tensors)
 

@@ -253,7 +253,8 @@ def logprobs_from_logits_flash_attn(
     Raises ImportError when flash-attn (>= 2.4.3) is not installed."""
     if _flash_cross_entropy_loss is None:
         raise ImportError(
-            "logprobs_from_logits_flash_attn needs flash-attn>=2.4.3 (flash_attn.ops.triton.cross_entropy); use logprobs_from_logits"
+            "logprobs_from_logits_flash_attn needs flash-attn>=2.4.3 (flash_attn.ops.triton.cross_entropy); use "
+            "logprobs_from_logits"
         )
     out = _flash_cross_entropy_loss(logits, labels, inplace_backward=inplace_backward)
     if not isinstance(out, tuple):
@@ -666,7 +667,8 @@ def pad_along_dim(tensor: torch.Tensor, target_length: int, pad_value: float = 0
     current = tensor.shape[dim]
     if current > target_length:
         raise ValueError(
-            f"Cannot pad dimension {dim} from length {current} to {target_length}. Current length exceeds target length."
+            f"Cannot pad dimension {dim} from length {current} to {target_length}. Current length "
+            "exceeds target length."
         )
     if current == target_length:
         return tensor

@@ -457,7 +457,8 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         tol = float(engine_kwargs.get("sync_check_tol", 0.1 if low_precision else 1e-3))
         if not diff <= tol:
             raise RuntimeError(
-                f"rollout weight sync check failed: max |log p_rollout - log p_actor| = {diff:.3g} on the probe sequence "
+                f"rollout weight sync check failed: max |log p_rollout - log p_actor| = {diff:.3g} "
+                "on the probe sequence "
                 f"exceeds {tol} (rollout.engine_kwargs.{self.rollout_config.name}.sync_check_tol)"
             )
         self._synced_version = self._weights_version
@@ -757,12 +758,15 @@ class RewardModelWorker(Worker, _OffloadMixin):
         mc = self.config.model
         if mc.path is None:
             raise ValueError(
-                "reward_model.enable=True needs reward_model.model.path: a sequence-classification reward model directory"
+                "reward_model.enable=True needs reward_model.model.path: a sequence-classification "
+                "reward model directory"
             )
         if mc.use_lora:
             raise ValueError(
-                f"reward_model.model.lora_rank={mc.lora_rank} / lora_adapter_path={mc.lora_adapter_path!r}: the reward model is "
-                "frozen and takes no adapter; merge a LoRA reward model into its base first (PeftModel.merge_and_unload)"
+                f"reward_model.model.lora_rank={mc.lora_rank} / lora_adapter_path={mc.lora_adapter_path!r}: "
+                "the reward model is "
+                "frozen and takes no adapter; merge a LoRA reward model into its base first "
+                "(PeftModel.merge_and_unload)"
             )
         self.rm_tokenizer = hf_tokenizer(
             mc.tokenizer_path or mc.path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template

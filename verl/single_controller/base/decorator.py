@@ -157,14 +157,16 @@ def _split_args_kwargs_data_proto(chunks: int, *args, **kwargs):
     for i, arg in enumerate(args):
         if not isinstance(arg, (DataProto, DataProtoFuture)):
             raise TypeError(
-                f"positional argument {i} is a {type(arg).__name__}; this dispatch mode needs DataProto or DataProtoFuture arguments"
+                f"positional argument {i} is a {type(arg).__name__}; this dispatch mode needs DataProto or "
+                "DataProtoFuture arguments"
             )
         split_args.append(arg.chunk(chunks=chunks))
     split_kwargs = {}
     for k, v in kwargs.items():
         if not isinstance(v, (DataProto, DataProtoFuture)):
             raise TypeError(
-                f"keyword argument {k!r} is a {type(v).__name__}; this dispatch mode needs DataProto or DataProtoFuture arguments"
+                f"keyword argument {k!r} is a {type(v).__name__}; this dispatch mode needs DataProto or "
+                "DataProtoFuture arguments"
             )
         split_kwargs[k] = v.chunk(chunks=chunks)
     return split_args, split_kwargs
@@ -185,7 +187,8 @@ def _split_args_kwargs_data_proto_with_auto_padding(chunks: int, *args, **kwargs
             elif len(value) != length:
                 name = "positional argument" if key is None else f"keyword argument {key!r}"
                 raise ValueError(
-                    f"auto padding needs all DataProto arguments to have the same length; {name} has {len(value)} rows, an earlier one {length}"
+                    f"auto padding needs all DataProto arguments to have the same length; {name} has {len(value)} "
+                    f"rows, an earlier one {length}"
                 )
             if pad:
                 value, _ = pad_dataproto_to_divisor(value, chunks)
@@ -350,7 +353,8 @@ def get_predefined_dispatch_fn(dispatch_mode) -> dict[str, Callable]:
         return DISPATCH_MODE_FN_REGISTRY[dispatch_mode]
     except KeyError:
         raise KeyError(
-            f"no dispatch functions registered for {dispatch_mode!r}; known: {[m.name for m in DISPATCH_MODE_FN_REGISTRY]}"
+            f"no dispatch functions registered for {dispatch_mode!r}; known: "
+            f"{[m.name for m in DISPATCH_MODE_FN_REGISTRY]}"
         ) from None
 
 
@@ -386,7 +390,8 @@ def _check_dispatch_mode(dispatch_mode) -> None:
         for key in ("dispatch_fn", "collect_fn"):
             if not callable(dispatch_mode.get(key)):
                 raise ValueError(
-                    f"a custom dispatch mode must be a dict with callables 'dispatch_fn' and 'collect_fn'; {key!r} is {dispatch_mode.get(key)!r}"
+                    f"a custom dispatch mode must be a dict with callables 'dispatch_fn' and 'collect_fn'; {key!r} is "
+                    f"{dispatch_mode.get(key)!r}"
                 )
         return
     raise TypeError(

@@ -83,7 +83,8 @@ def init_process_group_if_needed(backend: str | None = None, timeout_s: float = 
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
     if missing:
         raise RuntimeError(
-            f"cannot create the process group: environment variables {missing} are not set (a RayWorkerGroup sets them for its workers)"
+            f"cannot create the process group: environment variables {missing} are not set (a RayWorkerGroup sets "
+            "them for its workers)"
         )
     backend = backend or get_dist_backend()
     if "nccl" in backend and is_cuda_available:
@@ -185,7 +186,8 @@ class Worker(WorkerHelper):
         dispatch, _ = self._mesh_tables()
         if mesh_name not in dispatch:
             raise KeyError(
-                f"mesh {mesh_name!r} is not registered on rank {self.rank} of {type(self).__name__}; registered: {sorted(dispatch)}"
+                f"mesh {mesh_name!r} is not registered on rank {self.rank} of {type(self).__name__}; "
+                f"registered: {sorted(dispatch)}"
             )
         return dispatch[mesh_name]
 
@@ -194,7 +196,8 @@ class Worker(WorkerHelper):
         _, collect = self._mesh_tables()
         if mesh_name not in collect:
             raise KeyError(
-                f"mesh {mesh_name!r} is not registered on rank {self.rank} of {type(self).__name__}; registered: {sorted(collect)}"
+                f"mesh {mesh_name!r} is not registered on rank {self.rank} of {type(self).__name__}; "
+                f"registered: {sorted(collect)}"
             )
         return collect[mesh_name]
 

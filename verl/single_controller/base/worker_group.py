@@ -155,7 +155,8 @@ class WorkerGroup:
                 setattr(self, name, proxy)
             except AttributeError as err:
                 raise ValueError(
-                    f"cannot expose {user_defined_cls.__name__}.{name} on the worker group: the name is a read-only attribute of {type(self).__name__}"
+                    f"cannot expose {user_defined_cls.__name__}.{name} on the worker group: the name is a read-only "
+                    f"attribute of {type(self).__name__}"
                 ) from err
             bound.append(name)
         self._bound_methods = bound

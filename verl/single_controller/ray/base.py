@@ -357,7 +357,8 @@ class RayWorkerGroup(WorkerGroup):
         if worker_names is not None or worker_handles is not None:
             if resource_pool is not None:
                 raise ValueError(
-                    "pass either a resource_pool (new workers) or worker_names/worker_handles (existing workers), not both"
+                    "pass either a resource_pool (new workers) or worker_names/worker_handles "
+                    "(existing workers), not both"
                 )
             self._worker_names = list(worker_names or [])
             self._workers = (
@@ -382,7 +383,8 @@ class RayWorkerGroup(WorkerGroup):
     ) -> None:
         if resource_pool._groups_placed >= resource_pool.max_colocate_count:
             raise RuntimeError(
-                f"the resource pool already hosts {resource_pool._groups_placed} worker groups = max_colocate_count; create the pool with a larger max_colocate_count"
+                f"the resource pool already hosts {resource_pool._groups_placed} worker groups = max_colocate_count; "
+                "create the pool with a larger max_colocate_count"
             )
         pgs = resource_pool.get_placement_groups(
             strategy="STRICT_PACK" if bin_pack else "PACK", device_name=self.device_name
@@ -462,7 +464,8 @@ class RayWorkerGroup(WorkerGroup):
         except TimeoutError as err:
             self.kill_workers()  # the group is unusable: leave no half-started actors behind
             raise TimeoutError(
-                f"{err}. The workers were still being scheduled or still in __init__; free Ray resources: {ray.available_resources()}"
+                f"{err}. The workers were still being scheduled or still in __init__; free Ray resources: "
+                f"{ray.available_resources()}"
             ) from None
         except WorkerCallError:
             self.kill_workers()

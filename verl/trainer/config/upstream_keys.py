@@ -896,7 +896,8 @@ def _map_reward_section(raw: dict) -> None:
             module = manager.get("module") or {}
             if not module.get("path"):
                 raise ValueError(
-                    "reward.reward_manager.source=importlib needs reward.reward_manager.module.path (a .py file or module)"
+                    "reward.reward_manager.source=importlib needs reward.reward_manager.module.path "
+                    "(a .py file or module)"
                 )
             rm["reward_manager"] = f"{module['path']}:{module.get('name') or 'custom_reward_manager'}"
         elif source == "register":

@@ -13,11 +13,12 @@ Layout under `trainer.default_local_dir`::
                                          its files), written last, before the rename
 
 Atomicity: everything is written into a hidden sibling `.tmp_global_step_N_<pid>` first; only when
-all writers returned (and their files are fsynced) is it renamed to `global_step_N` (a rename within one directory is atomic),
-and only then is the tracker file replaced (also atomically). A crash at any point leaves either
-the previous checkpoint as the newest one, or the new one complete; half-written directories are
-hidden, ignored by discovery and removed at the next start. (Workers on other nodes must see the
-same directory: multi-node runs need a shared file system for checkpoints.)
+all writers returned (and their files are fsynced) is it renamed to `global_step_N` (a rename
+within one directory is atomic), and only then is the tracker file replaced (also atomically). A
+crash at any point leaves either the previous checkpoint as the newest one, or the new one
+complete; half-written directories are hidden, ignored by discovery and removed at the next
+start. (Workers on other nodes must see the same directory: multi-node runs need a shared file
+system for checkpoints.)
 
 Integrity: `.pt` files hold only tensors and plain containers and load with
 `torch.load(weights_only=True)`. Before resuming, the checkpoint is verified against its manifest;

@@ -705,7 +705,8 @@ def agg_loss(
         group_tokens = torch.as_tensor(group_num_tokens, device=loss_mat.device).to(loss_mat.dtype).clamp(min=1)
         if group_tokens.shape != row_sums.shape:
             raise ValueError(
-                f"agg_loss(prompt-mean): group_num_tokens shape {tuple(group_tokens.shape)} != rows {tuple(row_sums.shape)}"
+                f"agg_loss(prompt-mean): group_num_tokens shape {tuple(group_tokens.shape)} != rows "
+                f"{tuple(row_sums.shape)}"
             )
         if global_num_groups is None:
             if dp_size > 1:
@@ -1089,7 +1090,8 @@ def compute_policy_loss_geo_mean(
     mean; loss_i = -mean_t(A) * ratio_i, averaged over non-empty sequences. The objective is
     sequence-level by construction, so `loss_agg_mode` is not used (sequence mean, micro-batch
     exact through `global_batch_size`). Rollout IS weights multiply each sequence loss by their
-    geometric mean over the sequence, `exp(mean_t log(w_t + 1e-10))`. `actor/pg_clipfrac` / `_lower`: clipped tokens with A > 0 / A < 0.
+    geometric mean over the sequence, `exp(mean_t log(w_t + 1e-10))`. `actor/pg_clipfrac` / `_lower`:
+    clipped tokens with A > 0 / A < 0.
     """
     del loss_agg_mode
     low, high, _ = _clip_params(config)

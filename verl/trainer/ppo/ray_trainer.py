@@ -526,7 +526,8 @@ class RayPPOTrainer:
         collate_fn = collate_fn or default_collate_fn
         if len(train_dataset) < data.train_batch_size:
             raise ValueError(
-                f"the training set has {len(train_dataset)} prompts, fewer than data.train_batch_size={data.train_batch_size}"
+                f"the training set has {len(train_dataset)} prompts, fewer than "
+                f"data.train_batch_size={data.train_batch_size}"
             )
         self.train_dataloader = StatefulDataLoader(
             dataset=train_dataset,

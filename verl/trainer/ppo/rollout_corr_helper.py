@@ -808,11 +808,13 @@ def compute_rollout_correction_and_rejection_mask(
         raise ValueError("response_mask must contain at least one valid token (1).")
     if old_log_prob.shape != rollout_log_prob.shape:
         raise ValueError(
-            f"old_log_prob shape {tuple(old_log_prob.shape)} does not match rollout_log_prob shape {tuple(rollout_log_prob.shape)}."
+            f"old_log_prob shape {tuple(old_log_prob.shape)} does not match rollout_log_prob shape "
+            f"{tuple(rollout_log_prob.shape)}."
         )
     if old_log_prob.shape != response_mask.shape:
         raise ValueError(
-            f"log_prob shape {tuple(old_log_prob.shape)} does not match response_mask shape {tuple(response_mask.shape)}."
+            f"log_prob shape {tuple(old_log_prob.shape)} does not match response_mask shape "
+            f"{tuple(response_mask.shape)}."
         )
     log_ratio = (old_log_prob - rollout_log_prob).detach()
     metrics: dict[str, float] = {}

@@ -190,7 +190,8 @@ def check_batch_sizes(
     if seqs % n_workers:
         raise ValueError(
             f"data.train_batch_size * actor_rollout_ref.rollout.n = {data.train_batch_size} * {n} = {seqs} sequences "
-            f"cannot be split evenly over {n_workers} data-parallel workers (trainer.nnodes * trainer.n_gpus_per_node); "
+            f"cannot be split evenly over {n_workers} data-parallel workers (trainer.nnodes * "
+            "trainer.n_gpus_per_node); "
             f"choose a train_batch_size with train_batch_size * n divisible by {n_workers}"
         )
     groups = [
@@ -215,7 +216,8 @@ def check_batch_sizes(
             )
         if data.train_batch_size % mini:
             raise ValueError(
-                f"data.train_batch_size={data.train_batch_size} is not a multiple of {owner}.ppo_mini_batch_size={mini} "
+                f"data.train_batch_size={data.train_batch_size} is not a multiple of "
+                f"{owner}.ppo_mini_batch_size={mini} "
                 f"(both count prompts): the last mini-batch would hold {data.train_batch_size % mini} prompts; "
                 f"use a divisor of {data.train_batch_size}"
             )
@@ -268,7 +270,8 @@ def validate_config(config: Any) -> ValidatedConfig:
     unknown = sorted(set(arr.keys()) - set(ACTOR_ROLLOUT_REF_KEYS))
     if unknown:
         raise ValueError(
-            f"unknown config key(s) {['actor_rollout_ref.' + k for k in unknown]}; accepted: {list(ACTOR_ROLLOUT_REF_KEYS)}"
+            f"unknown config key(s) {['actor_rollout_ref.' + k for k in unknown]}; accepted: "
+            f"{list(ACTOR_ROLLOUT_REF_KEYS)}"
         )
 
     check_roles_colocated(cfg)
@@ -315,7 +318,8 @@ def validate_config(config: Any) -> ValidatedConfig:
         )
     if algo.kl_penalty not in core_algos.KL_PENALTY_TYPES:
         raise ValueError(
-            f"algorithm.kl_penalty={algo.kl_penalty!r} is not a KL estimator; expected one of {list(core_algos.KL_PENALTY_TYPES)}"
+            f"algorithm.kl_penalty={algo.kl_penalty!r} is not a KL estimator; expected one of "
+            f"{list(core_algos.KL_PENALTY_TYPES)}"
         )
     if algo.use_kl_in_reward and algo.kl_penalty == "full":
         raise ValueError(
@@ -333,20 +337,25 @@ def validate_config(config: Any) -> ValidatedConfig:
         )
     if algo.filter_groups.enable and rollout.n == 1:
         raise ValueError(
-            "algorithm.filter_groups.enable=True drops groups without reward variance; it needs actor_rollout_ref.rollout.n >= 2"
+            "algorithm.filter_groups.enable=True drops groups without reward variance; it needs "
+            "actor_rollout_ref.rollout.n >= 2"
         )
     if est == "grpo_process" and algo.use_kl_in_reward:
         raise ValueError(
-            "algorithm.adv_estimator='grpo_process' normalises step rewards, but algorithm.use_kl_in_reward=True puts a "
-            "KL penalty on every token (each would count as a step); use actor_rollout_ref.actor.use_kl_loss=True instead"
+            "algorithm.adv_estimator='grpo_process' normalises step rewards, but "
+            "algorithm.use_kl_in_reward=True puts a "
+            "KL penalty on every token (each would count as a step); use "
+            "actor_rollout_ref.actor.use_kl_loss=True instead"
         )
     if est in CRITIC_ESTIMATORS and not v.use_critic:
         raise ValueError(
-            f"algorithm.adv_estimator={est!r} needs a value model, but critic.enable=False; set critic.enable=True or null"
+            f"algorithm.adv_estimator={est!r} needs a value model, but critic.enable=False; set "
+            "critic.enable=True or null"
         )
     if est == "remax" and not rollout.do_sample:
         raise ValueError(
-            "algorithm.adv_estimator=remax compares sampled responses with a greedy one; actor_rollout_ref.rollout.do_sample must be True"
+            "algorithm.adv_estimator=remax compares sampled responses with a greedy one; "
+            "actor_rollout_ref.rollout.do_sample must be True"
         )
     if algo.use_kl_in_reward and actor.use_kl_loss:
         warnings.warn(
@@ -358,12 +367,14 @@ def validate_config(config: Any) -> ValidatedConfig:
     validate_rollout_correction_config(rc)
     if (rc.rollout_is or rc.rollout_rs) and not rollout.calculate_log_probs:
         raise ValueError(
-            "algorithm.rollout_correction needs the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True"
+            "algorithm.rollout_correction needs the rollout's log-probs: set "
+            "actor_rollout_ref.rollout.calculate_log_probs=True"
         )
     if rollout.response_length != v.data.max_response_length:
         raise ValueError(
             f"actor_rollout_ref.rollout.response_length={rollout.response_length} differs from "
-            f"data.max_response_length={v.data.max_response_length}; leave the rollout key at its default (it follows data)"
+            f"data.max_response_length={v.data.max_response_length}; leave the rollout key at its "
+            "default (it follows data)"
         )
     critic_pool = v.trainer.role_pools.get("critic")
     check_batch_sizes(
@@ -380,7 +391,8 @@ def validate_config(config: Any) -> ValidatedConfig:
     check_backends_available(tr.logger)
     if tr.critic_warmup and not v.use_critic:
         raise ValueError(
-            f"trainer.critic_warmup={tr.critic_warmup} needs a critic (algorithm.adv_estimator=gae or critic.enable=True)"
+            f"trainer.critic_warmup={tr.critic_warmup} needs a critic (algorithm.adv_estimator=gae "
+            "or critic.enable=True)"
         )
     check_paths_exist(v)
     check_callbacks(tr.callbacks)
@@ -525,7 +537,8 @@ def check_rollout_engine(rollout: RolloutConfig) -> None:
     owner = "actor_rollout_ref.rollout"
     if rollout.name not in ROLLOUT_REGISTRY:
         raise ValueError(
-            f"{owner}.name={rollout.name!r} is not a registered rollout engine; expected one of {sorted(ROLLOUT_REGISTRY)} "
+            f"{owner}.name={rollout.name!r} is not a registered rollout engine; expected one of "
+            f"{sorted(ROLLOUT_REGISTRY)} "
             "(register your own with @register_rollout in a module listed in trainer.external_modules)"
         )
     if rollout.dtype not in ROLLOUT_DTYPES:
@@ -630,7 +643,8 @@ def check_reward_functions(v: ValidatedConfig) -> None:
             ) from exc
         if not callable(fn):
             raise TypeError(
-                f"custom_reward_function.name={crf.name!r} in {crf.path!r} is a {type(fn).__name__}; expected a function"
+                f"custom_reward_function.name={crf.name!r} in {crf.path!r} is a "
+                f"{type(fn).__name__}; expected a function"
             )
         for key in kwargs:
             var_kw, names = _accepted_kwargs(fn, REWARD_FN_ARGS)
@@ -643,7 +657,8 @@ def check_reward_functions(v: ValidatedConfig) -> None:
     elif kwargs:
         raise ValueError(
             f"custom_reward_function.reward_kwargs.{min(kwargs)}: the shipped default_compute_score reads no keyword "
-            "arguments (its rule-based scorers ignore them); set custom_reward_function.path to a function that accepts "
+            "arguments (its rule-based scorers ignore them); set custom_reward_function.path to a "
+            "function that accepts "
             f"{sorted(kwargs)}, or remove them"
         )
 
@@ -730,7 +745,8 @@ def check_model_dirs(v: ValidatedConfig) -> None:
             if reason:
                 raise FileNotFoundError(
                     f"{key}={path!r} is not a local model directory and, read as a Hugging Face Hub id, cannot be "
-                    f"fetched offline: {reason}. Download it first (e.g. huggingface-cli download {path} --local-dir DIR) "
+                    f"fetched offline: {reason}. Download it first (e.g. huggingface-cli download "
+                    f"{path} --local-dir DIR) "
                     "and set the key to that directory"
                 )
 
@@ -749,7 +765,8 @@ def check_run_inputs(v: ValidatedConfig) -> None:
             )
         if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
             raise FileNotFoundError(
-                f"trainer.resume_from_path={tr.resume_from_path!r} is not a complete checkpoint (no {TRAINER_STATE_FILE}); "
+                f"trainer.resume_from_path={tr.resume_from_path!r} is not a complete checkpoint (no "
+                f"{TRAINER_STATE_FILE}); "
                 "expected a global_step_N directory written by a finished save"
             )
     custom = v.data.custom_cls

@@ -165,7 +165,8 @@ def load_lora_adapter(model, in_dir: str) -> None:
     unexpected = sorted(set(saved) - set(key_map))
     if missing or unexpected:
         raise RuntimeError(
-            f"LoRA adapter {path} does not match the model's adapter: missing {missing[:10]}, unexpected {unexpected[:10]}"
+            f"LoRA adapter {path} does not match the model's adapter: missing {missing[:10]}, "
+            f"unexpected {unexpected[:10]}"
         )
     load_full_state_dict(model, {key_map[k]: v for k, v in saved.items()}, strict=False)
 
@@ -319,7 +320,8 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         missing = sorted(contents - available)
         if missing:
             raise ValueError(
-                f"checkpoint {local_path} does not contain {missing} (it has {sorted(saved)}); adjust checkpoint.load_contents"
+                f"checkpoint {local_path} does not contain {missing} (it has {sorted(saved)}); adjust "
+                "checkpoint.load_contents"
             )
 
         same_world = meta.get("world_size") == self.world_size

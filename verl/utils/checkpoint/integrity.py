@@ -137,7 +137,8 @@ def load_plain(path: str) -> Any:
                 path,
             ) from exc
         raise CheckpointCorruptError(
-            f"checkpoint file {path} cannot be read, it is damaged ({type(exc).__name__}: {text.splitlines()[0][:300] if text else ''})",
+            f"checkpoint file {path} cannot be read, it is damaged ({type(exc).__name__}: "
+            f"{text.splitlines()[0][:300] if text else ''})",
             path,
         ) from exc
 

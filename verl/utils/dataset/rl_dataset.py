@@ -52,7 +52,8 @@ def collate_fn(data_list: list[dict]) -> dict:
     for i, item in enumerate(data_list):
         if set(item) != keys:
             raise ValueError(
-                f"collate_fn: item {i} has keys {sorted(item)} but item 0 has {sorted(keys)}; all rows need the same columns"
+                f"collate_fn: item {i} has keys {sorted(item)} but item 0 has {sorted(keys)}; all rows "
+                "need the same columns"
             )
         for k, v in item.items():
             (tensors if isinstance(v, torch.Tensor) else non_tensors)[k].append(v)

@@ -1,18 +1,21 @@
 """Rule-based reward functions, chosen by the row's ``data_source`` (upstream's routing).
 
 ``default_compute_score(data_source, solution_str, ground_truth, extra_info=None, ...)`` is what
-the reward managers call when no ``custom_reward_function`` is configured:
+the reward managers call when no ``custom_reward_function`` is configured (data_source -> module: result):
 
-| data_source | module | result |
-| --- | --- | --- |
-| ``openai/gsm8k`` | ``gsm8k`` (``method="strict"``/``"flexible"``) | 1.0 / 0.0 |
-| ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500`` (and ``lighteval/MATH-Hard``) | ``math`` (upstream: ``math_reward``) | 1.0 / 0.0 |
-| ``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*`` | ``math_dapo`` | dict ``score`` 1.0 / -1.0, ``acc``, ``pred`` |
-| ``numina_aops_forum``, ``numina_synthetic_math``, ``numina_amc_aime``, ``numina_synthetic_amc``, ``numina_cn_k12``, ``numina_olympiads`` | ``prime_math`` | 1.0 / 0.0 |
-| ``codecontests``, ``apps``, ``codeforces``, ``taco`` | ``sandbox_fusion`` (needs ``sandbox_fusion_url``) | pass rate |
-| ``hiyouga/geometry3k`` | ``geo3k`` | 0.9 acc + 0.1 format |
-| ``searchR1_*`` (nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle) | ``search_r1_like_qa_em`` | exact match |
-| ``verl_toy/<task>`` (ours) | ``verl_toy`` | 1.0 / 0.0 |
+- ``openai/gsm8k`` -> ``gsm8k`` (``method="strict"``/``"flexible"``): 1.0 / 0.0
+- ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500`` (and
+  ``lighteval/MATH-Hard``) -> ``math`` (upstream: ``math_reward``): 1.0 / 0.0
+- ``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*`` -> ``math_dapo``: dict ``score`` 1.0 / -1.0,
+  ``acc``, ``pred``
+- ``numina_aops_forum``, ``numina_synthetic_math``, ``numina_amc_aime``, ``numina_synthetic_amc``,
+  ``numina_cn_k12``, ``numina_olympiads`` -> ``prime_math``: 1.0 / 0.0
+- ``codecontests``, ``apps``, ``codeforces``, ``taco`` -> ``sandbox_fusion`` (needs ``sandbox_fusion_url``):
+  pass rate
+- ``hiyouga/geometry3k`` -> ``geo3k``: 0.9 acc + 0.1 format
+- ``searchR1_*`` (nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle) -> ``search_r1_like_qa_em``:
+  exact match
+- ``verl_toy/<task>`` (ours) -> ``verl_toy``: 1.0 / 0.0
 
 A dict result is returned as is; a number or bool becomes a float; a tuple gives ``float(res[0])``.
 """
@@ -93,8 +96,10 @@ def _route(
             # upstream falls back to running the program in-process (prime_code); we do not
             # execute model-written code outside a sandbox
             raise ValueError(
-                f"data_source={data_source!r} is scored by running code in a sandbox: set reward_model.sandbox_fusion.url "
-                "(sandbox_fusion_url=...); no sandbox URL is configured and local execution (upstream's prime_code) is not provided"
+                f"data_source={data_source!r} is scored by running code in a sandbox: set "
+                "reward_model.sandbox_fusion.url "
+                "(sandbox_fusion_url=...); no sandbox URL is configured and local execution (upstream's "
+                "prime_code) is not provided"
             )
         from verl.utils.reward_score import sandbox_fusion
 
@@ -114,7 +119,8 @@ def _route(
 
         return verl_toy.compute_score(solution_str, ground_truth, task=data_source[len(TOY_PREFIX) :])
     raise NotImplementedError(
-        f"Reward function is not implemented for data_source={data_source!r}; known data sources: {', '.join(known_data_sources())}. "
+        f"Reward function is not implemented for data_source={data_source!r}; known data sources: "
+        f"{', '.join(known_data_sources())}. "
         "Set custom_reward_function.path / .name to score other data."
     )
 

@@ -349,7 +349,8 @@ class DataParallelPPOActor(BasePPOActor):
         if not use_current:
             if "old_log_probs" not in data.batch.keys():
                 raise KeyError(
-                    "update_actor: the batch has no 'old_log_probs'; compute them first or set meta_info['use_current_as_old_log_prob']=True"
+                    "update_actor: the batch has no 'old_log_probs'; compute them first or set "
+                    "meta_info['use_current_as_old_log_prob']=True"
                 )
             keys.append("old_log_probs")
         if cfg.use_kl_loss:
@@ -372,7 +373,8 @@ class DataParallelPPOActor(BasePPOActor):
         has_rollout_lp = "rollout_log_probs" in batch.keys()
         if rc_config is not None and not has_weights and not has_rollout_lp:
             raise KeyError(
-                "meta_info['rollout_correction'] is set but the batch has no 'rollout_log_probs' (rollout.calculate_log_probs=True)"
+                "meta_info['rollout_correction'] is set but the batch has no 'rollout_log_probs' "
+                "(rollout.calculate_log_probs=True)"
             )
         rs_mode = core_algos.config_get(rc_config, "rollout_rs")
         bypass = bool(core_algos.config_get(rc_config, "bypass_mode", False))
@@ -383,7 +385,8 @@ class DataParallelPPOActor(BasePPOActor):
             )
         if bypass and not has_rollout_lp:
             raise KeyError(
-                "algorithm.rollout_correction.bypass_mode=True needs 'rollout_log_probs' in the batch (rollout.calculate_log_probs=True)"
+                "algorithm.rollout_correction.bypass_mode=True needs 'rollout_log_probs' in the batch "
+                "(rollout.calculate_log_probs=True)"
             )
         batch_norm = bool(core_algos.config_get(rc_config, "rollout_is_batch_normalize", False))
         if (
@@ -404,7 +407,8 @@ class DataParallelPPOActor(BasePPOActor):
         mini = int(cfg.ppo_mini_batch_size)
         if n % mini:
             raise ValueError(
-                f"update_actor got {n} rows on this rank, not a multiple of the per-rank mini-batch of {mini} sequences "
+                f"update_actor got {n} rows on this rank, not a multiple of the per-rank mini-batch "
+                f"of {mini} sequences "
                 "(actor.ppo_mini_batch_size x rollout.n / data-parallel size)"
             )
         num_mini = n // mini

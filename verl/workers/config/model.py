@@ -49,13 +49,11 @@ class HFModelConfig(BaseConfig):
     # weights are frozen and only the adapter (plus a critic's value head) is trained
     lora_rank: int = 0  # rank r of the adapter; 0 = full fine-tuning
     lora_alpha: int = 16  # scale of the update: alpha / r
-    target_modules: Any = (
-        "all-linear"  # "all-linear" (every linear layer but the output head) or a list of module names
-    )
+    # "all-linear" (every linear layer but the output head) or a list of module names
+    target_modules: Any = "all-linear"
     exclude_modules: Any = None  # module names (list) or a regex (str) left without an adapter
-    lora_adapter_path: str | None = (
-        None  # a peft adapter directory to continue training (its rank/alpha/targets are used)
-    )
+    # a peft adapter directory to continue training (its rank/alpha/targets are used)
+    lora_adapter_path: str | None = None
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self):

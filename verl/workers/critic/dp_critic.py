@@ -153,7 +153,8 @@ class DataParallelPPOCritic(BasePPOCritic):
         mini = int(cfg.ppo_mini_batch_size)
         if n % mini:
             raise ValueError(
-                f"update_critic got {n} rows on this rank, not a multiple of the per-rank mini-batch of {mini} sequences "
+                f"update_critic got {n} rows on this rank, not a multiple of the per-rank mini-batch "
+                f"of {mini} sequences "
                 "(critic.ppo_mini_batch_size x rollout.n / data-parallel size)"
             )
         meter = StepMeter()

@@ -37,7 +37,8 @@ class DAPORewardManager(AbstractRewardManager):
         unknown = sorted(set(cfg) - set(_OVERLONG_KEYS))
         if unknown:
             raise ValueError(
-                f"reward_model.reward_kwargs.overlong_buffer_cfg has unknown key(s) {unknown}; accepted: {list(_OVERLONG_KEYS)}"
+                f"reward_model.reward_kwargs.overlong_buffer_cfg has unknown key(s) {unknown}; accepted: "
+                f"{list(_OVERLONG_KEYS)}"
             )
         self.overlong_enable = bool(cfg.get("enable", False))
         self.overlong_len = int(cfg.get("len", 0) or 0)

@@ -76,7 +76,8 @@ async def parallel_compute_score_async(
         extra_info = [None] * len(tasks)
     if not (len(completions) == len(references) == len(tasks) == len(extra_info)):
         raise ValueError(
-            f"parallel_compute_score_async: lengths differ (completions={len(completions)}, references={len(references)}, "
+            f"parallel_compute_score_async: lengths differ (completions={len(completions)}, "
+            f"references={len(references)}, "
             f"tasks={len(tasks)}, extra_info={len(extra_info)})"
         )
     executor = ProcessPoolExecutor(max_workers=num_processes)

@@ -114,7 +114,8 @@ class DataParallelRewardModel:
         if raw is None:
             raise KeyError(
                 "the reward model's tokenizer differs from the policy's, so responses are re-rendered with the reward "
-                "model's chat template; that needs the original chat: set data.return_raw_chat=True (non_tensor_batch['raw_prompt'])"
+                "model's chat template; that needs the original chat: set data.return_raw_chat=True "
+                "(non_tensor_batch['raw_prompt'])"
             )
         responses = data.batch["responses"]
         resp_mask = (
@@ -136,7 +137,8 @@ class DataParallelRewardModel:
         if truncated:
             # the score is read at the last token: keep the end of the conversation, drop its start
             logger.warning(
-                "reward model: %d of %d re-templated sequences exceed reward_model.max_length=%d tokens; their beginning is cut",
+                "reward model: %d of %d re-templated sequences exceed reward_model.max_length=%d tokens; "
+                "their beginning is cut",
                 truncated,
                 len(rows),
                 max_length,

@@ -49,7 +49,8 @@ def get_rollout_class(name: str) -> type:
     """The engine class registered as `name` (imported on first use)."""
     if name not in ROLLOUT_REGISTRY:
         raise ValueError(
-            f"actor_rollout_ref.rollout.name={name!r} is not a registered rollout; registered: {sorted(ROLLOUT_REGISTRY)}"
+            f"actor_rollout_ref.rollout.name={name!r} is not a registered rollout; registered: "
+            f"{sorted(ROLLOUT_REGISTRY)}"
         )
     entry = ROLLOUT_REGISTRY[name]
     if isinstance(entry, str):
@@ -103,10 +104,12 @@ class BaseRollout(ABC):
 
     # memory ----------------------------------------------------------------------------------
 
-    def release(self) -> None:
+    # release/resume are optional hooks, not abstract: an engine that holds no freeable memory
+    # (e.g. hf) keeps these no-op defaults
+    def release(self) -> None:  # noqa: B027
         """Free engine memory (weights / KV cache) while training runs. Default: nothing to free."""
 
-    def resume(self) -> None:
+    def resume(self) -> None:  # noqa: B027
         """Restore what `release` freed before the next generation."""
 
 

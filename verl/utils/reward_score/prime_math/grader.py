@@ -204,7 +204,9 @@ def math_equal(
     if pt is not None and rt is not None:
         if (pt[0], pt[1]) != (rt[0], rt[1]) or len(pt[2]) != len(rt[2]):
             return False
-        return all(math_equal(x, y, include_percentage, is_close, timeout, pi) for x, y in zip(pt[2], rt[2], strict=False))
+        return all(
+            math_equal(x, y, include_percentage, is_close, timeout, pi) for x, y in zip(pt[2], rt[2], strict=False)
+        )
     if len(pred) > 200 or len(ref) > 200:
         return False
     return symbolic_equal(pred, ref, timeout=_SYMPY_SECONDS if timeout else None)
