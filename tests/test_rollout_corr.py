@@ -302,7 +302,9 @@ def test_add_to_batch_and_bypass_mode():
 def test_entry_point_off_is_identity():
     old, roll = _logs([[1.0, 2.0]])
     mask = torch.ones(1, 2)
-    weights, new_mask, metrics = rc.compute_rollout_correction(old, roll, mask, RolloutCorrectionConfig())
+    # the dataclass default is upstream's rollout_is="sequence"; the yaml's null switches it off
+    off = RolloutCorrectionConfig(rollout_is=None, rollout_rs=None)
+    weights, new_mask, metrics = rc.compute_rollout_correction(old, roll, mask, off)
     assert weights is None and torch.equal(new_mask, mask)
     assert metrics["rollout_corr/kl"] == pytest.approx(-math.log(2.0) / 2)
 
