@@ -17,6 +17,7 @@ tests/ on their PYTHONPATH, so worker classes defined in test modules can be imp
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,22 @@ REPO_ROOT = TESTS_DIR.parent
 
 def _test_pythonpath() -> str:
     folders = [str(REPO_ROOT)]
-    folders += sorted({str(p.parent) for p in TESTS_DIR.rglob("*.py") if "__pycache__" not in p.parts})
+    folders += _test_folders()
     existing = os.environ.get("PYTHONPATH")
     if existing:
         folders.append(existing)
     return os.pathsep.join(dict.fromkeys(folders))
+
+
+def _test_folders() -> list[str]:
+    return sorted({str(p.parent) for p in TESTS_DIR.rglob("*.py") if "__pycache__" not in p.parts})
+
+
+# tests mirror the package in folders without __init__.py (basenames are unique): shared helpers
+# (test_workers_common, scorers_for_pools, ...) are imported by name from any folder
+for _folder in _test_folders():
+    if _folder not in sys.path:
+        sys.path.append(_folder)
 
 
 def load_build_script():

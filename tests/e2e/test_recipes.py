@@ -19,7 +19,7 @@ import yaml
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
 LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
 

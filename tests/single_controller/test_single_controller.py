@@ -468,7 +468,7 @@ def test_docs_example_runs(ray_session, capsys):
     import re
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "single_controller.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "single_controller.md").read_text()
     section = doc.split("## Runnable example", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     expected = [

@@ -21,7 +21,7 @@ from verl.utils.dataset import (
     create_sampler,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

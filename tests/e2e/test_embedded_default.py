@@ -21,7 +21,7 @@ from verl.utils.dataset.toy_tasks import (
 )
 from verl.utils.reward_score import default_compute_score
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

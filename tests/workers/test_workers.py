@@ -15,7 +15,7 @@ from test_workers_common import PROMPTS, build_tiny_llama, reference_log_probs
 from verl.protocol import DataProto
 from verl.utils.model import build_reward_model, compute_position_id_with_mask
 
-YAML = Path(__file__).resolve().parents[1] / "verl" / "trainer" / "config" / "ppo_trainer.yaml"
+YAML = Path(__file__).resolve().parents[2] / "verl" / "trainer" / "config" / "ppo_trainer.yaml"
 
 
 def make_config(model_path: str, **overrides):

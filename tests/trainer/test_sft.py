@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from verl.utils.dataset.sft_dataset import SFTDataset
 from verl.utils.dataset.toy_tasks import AdditionTask, addition_sft_row, generate_addition_problems
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch
 from verl.trainer.ppo import core_algos
 from verl.workers.config.actor import ActorConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "docs" / "examples" / "custom_policy_loss.py"
 
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("peft")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_lora.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_lora.py"
 
 
 def _bench():

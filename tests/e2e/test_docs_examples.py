@@ -17,7 +17,7 @@ from verl.utils.reward_score import default_compute_score
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
 
 def one_step(run_dir: Path, *overrides: str) -> tuple[dict, list[dict]]:

@@ -4,7 +4,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def load_generator():

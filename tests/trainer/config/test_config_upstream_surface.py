@@ -16,7 +16,7 @@ from verl.trainer.config import upstream_keys as uk
 from verl.trainer.main_ppo import load_default_config
 from verl.trainer.ppo.utils import validate_config
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 UPSTREAM_KEYS = [
     line.strip()
     for line in (FIXTURES / "upstream_ppo_trainer_keys.txt").read_text().splitlines()
@@ -178,7 +178,7 @@ def test_vllm_only_keys_are_logged_with_the_hf_engine(caplog):
 
 
 def test_reference_has_a_here_column_for_every_kind():
-    text = (Path(__file__).resolve().parents[1] / "docs" / "config_reference.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "config_reference.md").read_text()
     assert "| key | default | here | meaning |" in text
     assert "| `actor_rollout_ref.rollout.multi_turn.enable` | `false` | not available: multi-turn rollouts" in text
     assert "| `actor_rollout_ref.actor.fsdp_config.forward_prefetch` | `false` | no effect: " in text

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from verl.utils.reward_score import default_compute_score
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures"
 SCRIPTS = ROOT / "scripts" / "data_preprocess"
 

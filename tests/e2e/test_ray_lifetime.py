@@ -16,7 +16,7 @@ psutil = pytest.importorskip("psutil")
 
 pytestmark = [pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DRIVER = textwrap.dedent(
     """

@@ -11,7 +11,7 @@ from verl.trainer.main_ppo import resource_pool_layout
 from verl.trainer.ppo.ray_trainer import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cli_rejects_a_bad_value_naming_the_key():
