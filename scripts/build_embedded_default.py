@@ -102,6 +102,32 @@ def build_tokenizer(model_max_length: int = 512):
     return hf_tok
 
 
+# The calculator task's tokenizer: the same bytes and specials plus a <|tool|> role for tool results
+# (appended, so every id of the addition tokenizer keeps its meaning). Tool schemas are not rendered:
+# the tiny model learns the one tool from demonstrations.
+TOOL_ROLE_TOKEN = "<|tool|>"
+CALC_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{ raise_exception('unknown chat role ' ~ message['role'] ~ '; expected system, user, assistant or tool') }}"
+    "{% endif %}"
+    "{{ '<|' ~ message['role'] ~ '|>' ~ message['content'] ~ '<|end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def build_calculator_tokenizer(model_max_length: int = 512):
+    """`build_tokenizer()` + the `<|tool|>` role (id 262), `<tool_call>` / `</tool_call>` as single
+    (non-special, so decoding keeps them) tokens 263 / 264, and a template that renders tool messages."""
+    tok = build_tokenizer(model_max_length)
+    tok.add_special_tokens({"additional_special_tokens": [*ROLE_TOKENS.values(), TOOL_ROLE_TOKEN]})
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
+    tok.chat_template = CALC_CHAT_TEMPLATE
+    return tok
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """The GPT-2 byte -> printable unicode symbol table used by the ByteLevel pre-tokenizer."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
@@ -218,8 +244,11 @@ def write_sft_data(
     return {k: str(v) for k, v in paths.items()}
 
 
-def run_warmup(init_dir: Path, sft_paths: dict[str, str], work_dir: Path, args) -> tuple[str, dict]:
-    """Run verl.trainer.fsdp_sft_trainer (one process) from the random init; returns (model dir, result)."""
+def run_warmup(
+    init_dir: Path, sft_paths: dict[str, str], work_dir: Path, args, multiturn: bool = False
+) -> tuple[str, dict]:
+    """Run verl.trainer.fsdp_sft_trainer (one process) from the random init; returns (model dir, result).
+    `multiturn`: rows are `messages` conversations, trained on the assistant turns only."""
     from hydra import compose, initialize_config_module
 
     from verl.trainer.fsdp_sft_trainer import run_sft
@@ -227,8 +256,11 @@ def run_warmup(init_dir: Path, sft_paths: dict[str, str], work_dir: Path, args) 
     overrides = [
         f"data.train_files={sft_paths['sft_train']}",
         f"data.val_files={sft_paths['sft_val']}",
-        "data.prompt_key=prompt",
-        "data.response_key=response",
+        *(
+            ["data.multiturn.enable=True", "data.multiturn.messages_key=messages"]
+            if multiturn
+            else ["data.prompt_key=prompt", "data.response_key=response"]
+        ),
         f"data.max_length={args.max_length}",
         f"data.train_batch_size={args.sft_batch_size}",
         f"data.micro_batch_size_per_gpu={args.sft_batch_size}",
@@ -495,5 +527,257 @@ def main(argv=None) -> dict:
     return info
 
 
+# ----------------------------------------------------------------------------------------------------
+# the calculator task (multi-turn tool use): verl/assets/embedded_calculator
+# ----------------------------------------------------------------------------------------------------
+CALC_TOOL_CONFIG = """tools:
+  - class_name: verl.tools.calculator_tool.CalculatorTool
+    config:
+      type: native
+    tool_schema:
+      type: function
+      function:
+        name: calculator
+        description: Evaluate an arithmetic expression exactly.
+        parameters:
+          type: object
+          properties:
+            expression:
+              type: string
+              description: digits, + - * / and parentheses, e.g. 347*85
+          required: [expression]
+"""
+
+
+def _repo_relative(path: str) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p)
+
+
+def parse_calculator_args(argv=None):
+    p = argparse.ArgumentParser(description="build verl/assets/embedded_calculator (the tool-use task)")
+    p.add_argument("--task", choices=["calculator"], required=True)
+    p.add_argument("--output_dir", default=str(REPO_ROOT / "verl" / "assets" / "embedded_calculator"))
+    p.add_argument(
+        "--init_from",
+        default=str(REPO_ROOT / "verl" / "assets" / "embedded_default" / "model"),
+        help="warm-start weights (the addition model; embeddings grow by the 3 new tokens); '' = random init",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--a_digits", type=int, default=3)
+    p.add_argument("--b_digits", type=int, default=2)
+    p.add_argument("--n_train", type=int, default=2048)
+    p.add_argument("--n_test", type=int, default=128)
+    p.add_argument("--n_sft_train", type=int, default=4096)
+    p.add_argument("--n_sft_val", type=int, default=128)
+    p.add_argument("--tool_rate", type=float, default=0.3, help="share of teacher demonstrations that call the tool")
+    p.add_argument("--hidden_size", type=int, default=128)
+    p.add_argument("--num_layers", type=int, default=4)
+    p.add_argument("--num_heads", type=int, default=4)
+    p.add_argument("--num_kv_heads", type=int, default=2)
+    p.add_argument("--intermediate_size", type=int, default=512)
+    p.add_argument("--max_position_embeddings", type=int, default=256)
+    p.add_argument("--sft_steps", type=int, default=400)
+    p.add_argument("--sft_batch_size", type=int, default=64)
+    p.add_argument("--sft_lr", type=float, default=2e-3)
+    p.add_argument("--sft_warmup_ratio", type=float, default=0.05)
+    p.add_argument("--sft_min_lr_ratio", type=float, default=0.1)
+    p.add_argument("--max_length", type=int, default=56)
+    p.add_argument("--skip_eval", action="store_true")
+    p.add_argument("--threads", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def evaluate_calculator(
+    model_dir: str, test_path: str, tool_config: str | None, do_sample: bool = False, seed: int = 0
+) -> dict:
+    """Accuracy and tool-call rate of the agent loop (tool_agent, verl_toy format) on the test split."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl.protocol import DataProto
+    from verl.utils.reward_score import default_compute_score
+    from verl.workers.config import MultiTurnConfig, RolloutConfig
+    from verl.workers.rollout import HFRollout
+    from verl.workers.rollout.agent_rollout import AgentRollout
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rows = pq.read_table(test_path).to_pylist()
+    cfg = RolloutConfig(
+        prompt_length=16,
+        response_length=48,
+        do_sample=do_sample,
+        temperature=1.0,
+        multi_turn=MultiTurnConfig(enable=True, format="verl_toy", tool_config_path=tool_config, max_assistant_turns=3),
+    )
+    ro = AgentRollout(HFRollout(model, cfg), None, cfg, tok)
+    raw = np.empty(len(rows), dtype=object)
+    for i, r in enumerate(rows):
+        raw[i] = r["prompt"]
+    data = DataProto.from_dict(
+        tensors={"dummy": torch.zeros(len(rows), 1)},
+        non_tensors={"raw_prompt": raw, "agent_name": np.array(["tool_agent"] * len(rows), dtype=object)},
+        meta_info={"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id},
+    )
+    t0 = time.time()
+    out = ro.generate_sequences(data)
+    span = out.batch["response_mask"].shape[1]
+    texts = []
+    for i in range(len(rows)):
+        m = out.batch["response_mask"][i]
+        n = int(m.nonzero().max()) + 1 if m.any() else 0
+        texts.append(tok.decode(out.batch["responses"][i, :n].tolist(), skip_special_tokens=True))
+    acc = [
+        float(default_compute_score(r["data_source"], t, r["reward_model"]["ground_truth"]))
+        for t, r in zip(texts, rows, strict=False)
+    ]
+    calls = [tr["tool_calls"] > 0 for tr in out.non_tensor_batch["agent_trace"]]
+    del span
+    return {
+        "n_prompts": len(rows),
+        "accuracy": sum(acc) / len(rows),
+        "tool_call_rate": sum(calls) / len(rows),
+        "do_sample": do_sample,
+        "eval_seconds": round(time.time() - t0, 1),
+    }
+
+
+def main_calculator(argv=None) -> dict:
+    """Tokenizer with the tool role, warm-started model, RL + multi-turn SFT data, SFT warm-up on an
+    imperfect teacher (calls the tool in `tool_rate` of its demonstrations), evaluation."""
+    import random
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl.utils.dataset.toy_tasks import (
+        CalculatorTask,
+        calculator_rl_row,
+        calculator_sft_row,
+        make_calculator_splits,
+    )
+
+    args = parse_calculator_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.output_dir).resolve()
+    task = CalculatorTask(args.a_digits, args.b_digits)
+    t_start = time.time()
+    with tempfile.TemporaryDirectory(prefix="verl_calc_build_") as tmp:
+        work = Path(tmp)
+        staging = work / "out"
+        tokenizer = build_calculator_tokenizer()
+        if args.init_from:
+            model = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
+            model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        else:
+            model = build_model(
+                tokenizer,
+                args.hidden_size,
+                args.num_layers,
+                args.num_heads,
+                args.num_kv_heads,
+                args.intermediate_size,
+                args.max_position_embeddings,
+                args.seed,
+            )
+        n_params = sum(p.numel() for p in model.parameters())
+        init_dir = work / "init"
+        model.save_pretrained(init_dir)
+        save_tokenizer(tokenizer, init_dir)
+        del model
+        train, test = make_calculator_splits(task, args.n_train, args.n_test, args.seed)
+        used = set(train) | set(test)
+        sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, "calc_sft_val", exclude=used)
+        sft_train = generate_addition_problems(
+            task, args.n_sft_train, args.seed, "calc_sft_train", exclude=used | set(sft_val)
+        )
+        data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
+        write_parquet([calculator_rl_row(a, b, "train", i) for i, (a, b) in enumerate(train)], data_paths["train"])
+        write_parquet([calculator_rl_row(a, b, "test", i) for i, (a, b) in enumerate(test)], data_paths["test"])
+        rng = random.Random(args.seed * 7919 + 29)
+        sft_paths = {"sft_train": staging / "sft" / "train.parquet", "sft_val": staging / "sft" / "val.parquet"}
+        write_parquet(
+            [
+                calculator_sft_row(a, b, "sft_train", i, rng.random() < args.tool_rate, rng)
+                for i, (a, b) in enumerate(sft_train)
+            ],
+            sft_paths["sft_train"],
+        )
+        write_parquet(
+            [
+                calculator_sft_row(a, b, "sft_val", i, rng.random() < args.tool_rate, rng)
+                for i, (a, b) in enumerate(sft_val)
+            ],
+            sft_paths["sft_val"],
+        )
+        (staging / "tool_config.yaml").write_text(CALC_TOOL_CONFIG)
+        t_sft = time.time()
+        final_ckpt, sft_result = run_warmup(
+            init_dir, {k: str(v) for k, v in sft_paths.items()}, work, args, multiturn=True
+        )
+        sft_seconds = time.time() - t_sft
+        shutil.copytree(final_ckpt, staging / "model")
+        metrics = {}
+        if not args.skip_eval:
+            tools = str(staging / "tool_config.yaml")
+            metrics = {
+                "greedy": evaluate_calculator(str(staging / "model"), str(data_paths["test"]), tools),
+                "sampled_t1": evaluate_calculator(
+                    str(staging / "model"), str(data_paths["test"]), tools, do_sample=True, seed=args.seed
+                ),
+                "greedy_tool_disabled": evaluate_calculator(str(staging / "model"), str(data_paths["test"]), None),
+            }
+        history = sft_result["history"]
+        info = {
+            "task": {
+                "data_source": "verl_toy/calculator",
+                "a_digits": args.a_digits,
+                "b_digits": args.b_digits,
+                "n_train": len(train),
+                "n_test": len(test),
+                "n_sft_train": len(sft_train),
+                "n_sft_val": len(sft_val),
+                "tool_rate": args.tool_rate,
+                "format": "verl_toy",
+            },
+            "model": {
+                "architecture": "LlamaForCausalLM",
+                "parameters": n_params,
+                "vocab_size": len(tokenizer),
+                "init_from": _repo_relative(args.init_from) if args.init_from else "random",
+            },
+            "sft": {
+                "steps": args.sft_steps,
+                "batch_size": args.sft_batch_size,
+                "lr": args.sft_lr,
+                "seconds": round(sft_seconds, 1),
+                "threads": args.threads,
+                "final_train_loss": history[-1]["train/loss"] if history else None,
+                "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
+            },
+            "eval_test_split": metrics,
+            "build_args": vars(args)
+            | {"output_dir": None, "init_from": _repo_relative(args.init_from) if args.init_from else ""},
+            "torch": torch.__version__,
+        }
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(staging, out)
+    info["sizes_bytes"] = {name: dir_size(out / name) for name in ("model", "data", "sft")}
+    info["build_seconds"] = round(time.time() - t_start, 1)
+    (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps({"output_dir": str(out), "sft": info["sft"], "eval": metrics}, indent=2))
+    return info
+
+
 if __name__ == "__main__":
-    main()
+    if "--task" in sys.argv[1:]:
+        main_calculator()
+    else:
+        main()

@@ -25,6 +25,9 @@ LAYER_OF_PREFIX: list[tuple[str, str]] = [
     ("verl.single_controller", "controller"),
     ("verl.workers.fsdp_workers", "workers"),
     ("verl.workers", "engines"),
+    ("verl.experimental.agent_loop", "engines"),  # agent loops drive the rollout engines
+    ("verl.experimental", "engines"),
+    ("verl.tools", "engines"),
     ("verl.trainer", "trainer"),
     ("verl.utils", "utilities"),
     ("verl", "package"),  # verl/__init__.py

@@ -85,6 +85,14 @@ EXPECTED: dict[str, tuple[dict, list[str]]] = {
         },
         ["actor/kl_loss", "timing_s/ref"],
     ),
+    "tool_agent": (
+        {
+            "actor_rollout_ref.rollout.multi_turn.enable": True,
+            "data.return_raw_chat": True,
+            "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
+        },
+        ["num_turns/mean", "agent/tool_calls/mean", "agent/tool_error_rate", "agent/cut_by_length_budget"],
+    ),
 }
 
 FAST = [

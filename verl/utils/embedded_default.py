@@ -30,12 +30,17 @@ __all__ = [
     "default_data_files",
     "build_info",
     "recommended_overrides",
+    "calculator_dir",
+    "CALCULATOR_DATA_SOURCE",
 ]
 
 DATA_SOURCE = "verl_toy/addition"
 ENV_DIR = "VERL_EMBEDDED_DEFAULT_DIR"
 _SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "embedded_default"
 _REBUILD = "python scripts/build_embedded_default.py --output_dir {dir}"
+CALCULATOR_DATA_SOURCE = "verl_toy/calculator"
+_CALC_ENV_DIR = "VERL_EMBEDDED_CALCULATOR_DIR"
+_CALC_SHIPPED = _SHIPPED.parent / "embedded_calculator"
 
 
 def asset_dir() -> Path:
@@ -96,3 +101,17 @@ def recommended_overrides() -> dict[str, object]:
         "actor_rollout_ref.rollout.temperature": 1.0,
         "actor_rollout_ref.actor.optim.lr": 3e-5,
     }
+
+
+def calculator_dir() -> str:
+    """The calculator (tool-use) task shipped next to the embedded default
+    (``$VERL_EMBEDDED_CALCULATOR_DIR`` or verl/assets/embedded_calculator): ``model/``,
+    ``data/{train,test}.parquet``, ``sft/``, ``tool_config.yaml``, ``build_info.json``. Built by
+    ``python scripts/build_embedded_default.py --task calculator``; used by recipes/tool_agent.sh."""
+    path = Path(os.environ.get(_CALC_ENV_DIR) or _CALC_SHIPPED)
+    if not (path / "model" / "model.safetensors").exists():
+        raise FileNotFoundError(
+            f"embedded calculator task not found at {path}. Rebuild it from a source checkout with "
+            f"`python scripts/build_embedded_default.py --task calculator --output_dir {path}` or set {_CALC_ENV_DIR}."
+        )
+    return str(path)

@@ -772,3 +772,15 @@ def use_original_torch_compile():
     """Upstream undoes an NPU patch of torch.compile here; this tree never patches it, so the
     context only yields."""
     yield
+
+
+def response_span(response_mask: torch.Tensor) -> torch.Tensor:
+    """[B, R] mask -> [B] long: 1 + the index of the last 1 in each row (0 for an all-zero row).
+
+    Equals `mask.sum(-1)` for left-aligned masks (single-turn responses); for multi-turn responses,
+    whose observation tokens (mask 0) sit between generated turns, it is the length of the
+    response up to its last generated token.
+    """
+    r = response_mask.shape[-1]
+    idx = torch.arange(1, r + 1, device=response_mask.device).expand_as(response_mask)
+    return torch.where(response_mask.bool(), idx, torch.zeros_like(idx)).max(dim=-1).values.long()

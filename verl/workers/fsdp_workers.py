@@ -236,6 +236,18 @@ def memory_metrics(device_name: str, prefix: str) -> dict[str, list[float]]:
     return out
 
 
+def _reject_agent_names(prompts: DataProto) -> None:
+    """A batch that asks for an agent loop while multi_turn is off would silently run single-turn."""
+    names = prompts.non_tensor_batch.get("agent_name")
+    if names is not None:
+        wanted = sorted({str(n) for n in names if n is not None and str(n) != "single_turn_agent"})
+        if wanted:
+            raise ValueError(
+                f"the batch selects agent loop(s) {wanted} (column agent_name) but "
+                "actor_rollout_ref.rollout.multi_turn.enable=False; set it to True"
+            )
+
+
 class ActorRolloutRefWorker(Worker, _OffloadMixin):
     """Policy roles in one process: `actor` (training), `rollout` (generation), `ref` (frozen
     reference log-probs), or the combinations `actor_rollout`, `actor_rollout_ref`.
@@ -485,7 +497,11 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         sync_metrics = self._sync_rollout_weights()
         self.rollout.resume()
         start = time.perf_counter()
-        output = self.rollout.generate_sequences(prompts)
+        if self.rollout_config.multi_turn.enable:
+            output = self._agent_rollout().generate_sequences(prompts)
+        else:
+            _reject_agent_names(prompts)
+            output = self.rollout.generate_sequences(prompts)
         elapsed = float(all_reduce_scalar(time.perf_counter() - start, dist.ReduceOp.MAX))
         self.rollout.release()
         if self.actor_module is not None:
@@ -495,6 +511,16 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         if sync_metrics:
             output.meta_info["metrics"] = sync_metrics
         return output
+
+    def _agent_rollout(self):
+        """The multi-turn front (agent loops over this rollout engine), built on first use."""
+        if getattr(self, "_agent_rollout_obj", None) is None:
+            from verl.workers.rollout.agent_rollout import AgentRollout
+
+            self._agent_rollout_obj = AgentRollout(
+                self.rollout, self.config, self.rollout_config, self.tokenizer, self.processor
+            )
+        return self._agent_rollout_obj
 
     def _eos_ids(self):
         gen_cfg = getattr(self.actor_module or getattr(self.rollout, "module", None), "generation_config", None)

@@ -110,8 +110,8 @@ def test_not_available_feature_fails_with_the_key_value_and_what_is_available():
         r"TensorRT-LLM\) is not available in this verl \(available: hf, vllm\)",
     ):
         validate_config(load_default_config(["actor_rollout_ref.rollout.name=sglang"]))
-    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.multi_turn\.enable=true: multi-turn rollouts"):
-        validate_config(load_default_config(["actor_rollout_ref.rollout.multi_turn.enable=True"]))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.multi_turn\.num_repeat_rollouts=2: repeated"):
+        validate_config(load_default_config(["actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2"]))
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.ulysses_sequence_parallel_size=2: Ulysses"):
         validate_config(load_default_config(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"]))
     with pytest.raises(ValueError, match=r"data\.image_key=pixels: multimodal"):
@@ -180,7 +180,8 @@ def test_vllm_only_keys_are_logged_with_the_hf_engine(caplog):
 def test_reference_has_a_here_column_for_every_kind():
     text = (Path(__file__).resolve().parents[3] / "docs" / "config_reference.md").read_text()
     assert "| key | default | here | meaning |" in text
-    assert "| `actor_rollout_ref.rollout.multi_turn.enable` | `false` | not available: multi-turn rollouts" in text
+    assert "| `actor_rollout_ref.rollout.multi_turn.enable` | `false` | implemented |" in text
+    assert "| `actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts` | `null` | not available: repeated" in text
     assert "| `actor_rollout_ref.actor.fsdp_config.forward_prefetch` | `false` | no effect: " in text
     assert "| `critic.model.fsdp_config.param_offload` | `null` | alias of `critic.fsdp.param_offload`" in text
     assert "| `data.train_batch_size` | `1024` | implemented |" in text

@@ -334,13 +334,11 @@ CORPUS: tuple[Invocation, ...] = (
         GRPO_2024 + " actor_rollout_ref.rollout.mode=async "
         "actor_rollout_ref.rollout.multi_turn.enable=True actor_rollout_ref.rollout.multi_turn.tool_config_path=$TRAIN "
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5",
-        expect=r"multi-turn rollouts with tools \(agent loop\) " + NOT_AVAILABLE,
     ),
     inv(
         "agent loop",
         "multi-turn / agent",
         GRPO_2024 + " actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
-        expect=r"rollout\.agent\.default_agent_loop=tool_agent: agent loops " + NOT_AVAILABLE,
     ),
     inv(
         "ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh",

@@ -255,13 +255,19 @@ RULES: tuple[Rule, ...] = (
         "TensorRT-LLM rollout",
         "engine_kwargs.vllm, engine_kwargs.hf",
     ),
+    # the agent loop (verl.experimental.agent_loop) implements multi_turn.* and agent.* but these
     Rule(
-        "actor_rollout_ref.rollout.multi_turn.*",
+        "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts",
         "c",
-        "multi-turn rollouts with tools (agent loop)",
-        "single-turn generation",
+        "repeated multi-turn rollouts per sample",
+        "rollout.n samples per prompt",
     ),
-    Rule("actor_rollout_ref.rollout.agent.*", "c", "agent loops", "single-turn generation"),
+    Rule(
+        "actor_rollout_ref.rollout.agent.custom_async_server.*",
+        "c",
+        "a custom async generation server",
+        "the batching server over the hf engine",
+    ),
     Rule(
         "actor_rollout_ref.rollout.checkpoint_engine.backend",
         "c",

@@ -71,7 +71,7 @@ from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
 from verl.trainer.ppo.utils import Role, ValidatedConfig, reference_in_actor, validate_config
 from verl.utils.checkpoint.integrity import load_plain, rng_state_from_plain, rng_state_to_plain, save_plain
 from verl.utils.py_functional import config_get
-from verl.utils.torch_functional import masked_mean
+from verl.utils.torch_functional import masked_mean, response_span
 from verl.utils.tracking import to_jsonable
 from verl.workers.reward_manager.registry import load_object
 
@@ -173,6 +173,17 @@ def _accepted_kwargs(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
         p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     }
     return {k: v for k, v in kwargs.items() if k in names}
+
+
+AGENT_FIELDS = ("agent_name", "extra_info", "tools_kwargs", "index")
+
+
+def _add_agent_fields(gen_in: DataProto, batch: DataProto) -> None:
+    """Per-sample fields the agent loops read (`agent_name`, `extra_info.tools_kwargs`, ...),
+    copied into the generation input; the batch keeps them for the reward."""
+    for key in AGENT_FIELDS:
+        if key in batch.non_tensor_batch:
+            gen_in.non_tensor_batch[key] = batch.non_tensor_batch[key]
 
 
 def compute_advantage(
@@ -655,6 +666,7 @@ class RayPPOTrainer:
         gen_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
         nt_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data") if k in batch.non_tensor_batch]
         gen_in = trim_left_padding(batch.pop(batch_keys=gen_keys, non_tensor_batch_keys=nt_keys))
+        _add_agent_fields(gen_in, batch)
         gen_in.meta_info.update(self._gen_meta(validate=False))
         with _timer("gen", timing_raw):
             out = dp_compute(self.actor_rollout_wg, "generate_sequences", gen_in)
@@ -1075,7 +1087,7 @@ class RayPPOTrainer:
     def _decode_rows(self, batch: DataProto) -> list[dict]:
         width = batch.batch["responses"].shape[-1]
         prompt_mask = batch.batch["attention_mask"][:, :-width].bool()
-        resp_lens = batch.batch["response_mask"].sum(-1).tolist()
+        resp_lens = response_span(batch.batch["response_mask"]).tolist()
         prompts = self.tokenizer.batch_decode(
             [batch.batch["prompts"][i][prompt_mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True
         )
@@ -1087,10 +1099,14 @@ class RayPPOTrainer:
             rm.get("ground_truth") if isinstance(rm, dict) else None
             for rm in batch.non_tensor_batch.get("reward_model", [None] * len(batch))
         ]
-        return [
+        rows = [
             {"step": self.global_steps, "input": p, "output": r, "score": s, "ground_truth": to_jsonable(g)}
             for p, r, s, g in zip(prompts, resps, scores, gts, strict=False)
         ]
+        if "agent_trace" in batch.non_tensor_batch:  # multi-turn: turns, tool calls and results per sample
+            for row, trace in zip(rows, batch.non_tensor_batch["agent_trace"], strict=False):
+                row["trace"] = to_jsonable(trace)
+        return rows
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> dict[str, float]:
@@ -1104,6 +1120,7 @@ class RayPPOTrainer:
         infos: dict[str, list] = defaultdict(list)
         samples: list[tuple[str, str, float]] = []
         all_rows: list[dict] = []
+        agent_val: dict[str, list[float]] = defaultdict(list)
         for b_idx, batch_dict in enumerate(self.val_dataloader):
             batch = DataProto.from_single_dict(batch_dict)
             batch.non_tensor_batch["uid"] = np.array([f"val-{b_idx}-{i}" for i in range(len(batch))], dtype=object)
@@ -1111,10 +1128,13 @@ class RayPPOTrainer:
             gen_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
             nt_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data") if k in batch.non_tensor_batch]
             gen_in = trim_left_padding(batch.pop(batch_keys=gen_keys, non_tensor_batch_keys=nt_keys))
+            _add_agent_fields(gen_in, batch)
             gen_in.meta_info.update(self._gen_meta(validate=True))
             out = dp_compute(self.actor_rollout_wg, "generate_sequences", gen_in)
             out.meta_info.pop("timing", None)
-            out.meta_info.pop("metrics", None)
+            for k, v in reduce_metrics(out.meta_info.pop("metrics", None) or {}).items():
+                if k.startswith(("agent/", "num_turns/")):  # multi-turn rollout figures of the validation set
+                    agent_val[k].append(v)
             batch = batch.union(out)
             if "response_mask" not in batch.batch.keys():
                 batch.batch["response_mask"] = compute_response_mask(batch)
@@ -1164,6 +1184,8 @@ class RayPPOTrainer:
                         and any(name.startswith(p) for p in ("mean", "maj", "best"))
                     )
                     metrics[f"{'val-core' if core else 'val-aux'}/{ds}/{var}/{name}"] = val
+        for k, v in agent_val.items():
+            metrics[f"val-aux/{k}"] = float(np.mean(v))
         for cb in self.callbacks:
             cb.on_validation(self, metrics)
         return metrics

@@ -147,3 +147,140 @@ def make_addition_splits(
     test = generate_addition_problems(task, n_test, seed, "test")
     train = generate_addition_problems(task, n_train, seed, "train", exclude=set(test))
     return train, test
+
+
+# ----------------------------------------------------------------------------------------------------
+# calculator: multi-turn tool use (verl_toy/calculator)
+# ----------------------------------------------------------------------------------------------------
+CALCULATOR_DATA_SOURCE = "verl_toy/calculator"
+
+
+@dataclass(frozen=True)
+class CalculatorTask:
+    """Products of an ``a_digits``-digit and a ``b_digits``-digit number (``"347*85"``), too hard for
+    the tiny model to compute in its head; the `calculator` tool computes them.
+
+    The policy either guesses (``"~31842"``, which scores 0) or calls the
+    tool first, in the compact ``verl_toy`` format, and copies its result::
+
+        user: 347*85
+        assistant: <tool_call>calculator: 347*85</tool_call>
+        tool: 29495
+        assistant: =29495
+    """
+
+    a_digits: int = 3
+    b_digits: int = 2
+    # products below this are not drawn: with the default every result has 5 digits, so the answer
+    # copies the tool's result from a fixed distance (a tiny model learns a fixed-offset copy fast;
+    # with mixed 4/5-digit results it had not learned to copy after 1300 SFT steps)
+    min_product: int = 10000
+
+    def __post_init__(self):
+        if not (1 <= self.a_digits <= 9 and 1 <= self.b_digits <= 9):
+            raise ValueError(
+                f"CalculatorTask needs 1..9 digits per operand, got a_digits={self.a_digits}, b_digits={self.b_digits}"
+            )
+        if self.number_of_distinct_problems() == 0:
+            raise ValueError(
+                f"CalculatorTask: no product of {self.a_digits} and {self.b_digits} digits reaches "
+                f"min_product={self.min_product}"
+            )
+
+    @staticmethod
+    def _range(digits: int) -> tuple[int, int]:
+        return (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+
+    def sample_problem(self, rng: random.Random) -> tuple[int, int]:
+        while True:
+            a, b = rng.randint(*self._range(self.a_digits)), rng.randint(*self._range(self.b_digits))
+            if a * b >= self.min_product:
+                return a, b
+
+    def number_of_distinct_problems(self) -> int:
+        lo_b, hi_b = self._range(self.b_digits)
+        lo_a, hi_a = self._range(self.a_digits)
+        total = 0
+        for a in range(max(lo_a, 1), hi_a + 1):
+            first_b = max(lo_b, -(-self.min_product // a))
+            total += max(0, hi_b - first_b + 1)
+        return total + (0 if lo_a > 0 or self.min_product > 0 else hi_b - lo_b + 1)
+
+    @staticmethod
+    def question(a: int, b: int) -> str:
+        return f"{a}*{b}"
+
+    @staticmethod
+    def answer(a: int, b: int) -> str:
+        return str(a * b)
+
+    @staticmethod
+    def tool_call(a: int, b: int) -> str:
+        return f"<tool_call>calculator: {a}*{b}</tool_call>"
+
+    @staticmethod
+    def final(a: int, b: int) -> str:
+        return f"={a * b}"
+
+    @staticmethod
+    def guess(a: int, b: int, rng: random.Random) -> str:
+        """The teacher's answer without the tool: a guess of the product's length, written ``~31842``
+        (never an exact ``=`` answer, so it scores 0). Its digits carry no information about the
+        question, so the student does not build a competing "compute the digits" circuit, which
+        blocked learning to copy the tool's result."""
+        n = len(str(a * b))
+        return "~" + str(rng.randint(10 ** (n - 1), 10**n - 1))
+
+
+def calculator_rl_row(a: int, b: int, split: str, index: int) -> dict:
+    """One RL row: upstream schema plus ``agent_name="tool_agent"`` and ``extra_info.tools_kwargs``."""
+    answer = CalculatorTask.answer(a, b)
+    return {
+        "data_source": CALCULATOR_DATA_SOURCE,
+        "prompt": [{"role": "user", "content": CalculatorTask.question(a, b)}],
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "agent_name": "tool_agent",
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "a": a,
+            "b": b,
+            "answer": answer,
+            "tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": answer}}},
+        },
+    }
+
+
+def calculator_sft_row(
+    a: int, b: int, split: str, index: int, use_tool: bool, rng: random.Random | None = None
+) -> dict:
+    """One multi-turn SFT row (``messages``): the teacher calls the tool and copies its result when
+    ``use_tool``, else it guesses (``~31842``, see `CalculatorTask.guess`; `rng` seeds the guess).
+    Keeping the exact ``=`` answer for copied results is what lets a tiny student learn to copy (a
+    correct direct ``=`` answer, which it cannot compute, teaches it to guess digits after ``=``)."""
+    q = CalculatorTask.question(a, b)
+    if use_tool:
+        messages = [
+            {"role": "user", "content": q},
+            {"role": "assistant", "content": CalculatorTask.tool_call(a, b)},
+            {"role": "tool", "content": CalculatorTask.answer(a, b)},
+            {"role": "assistant", "content": CalculatorTask.final(a, b)},
+        ]
+    else:
+        rng = rng or random.Random(a * 1000 + b)
+        messages = [{"role": "user", "content": q}, {"role": "assistant", "content": CalculatorTask.guess(a, b, rng)}]
+    return {
+        "messages": messages,
+        "extra_info": {"split": split, "index": index, "a": a, "b": b, "use_tool": bool(use_tool)},
+    }
+
+
+def make_calculator_splits(
+    task: CalculatorTask, n_train: int, n_test: int, seed: int
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Disjoint train / test problems (`generate_addition_problems` draws for any task with
+    `sample_problem` and `number_of_distinct_problems`)."""
+    test = generate_addition_problems(task, n_test, seed, "calc_test")
+    train = generate_addition_problems(task, n_train, seed, "calc_train", exclude=set(test))
+    return train, test

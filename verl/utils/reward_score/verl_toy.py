@@ -1,5 +1,8 @@
 """Rule-based scorer of the project's toy tasks (data sources ``verl_toy/<task>``).
 
+For ``verl_toy/calculator`` (multi-turn, tool use) the response ends with ``=<product>``: the text after
+the last ``=`` must be exactly the integer (tool calls and results before it are ignored).
+
 For ``verl_toy/addition`` the answer must be the decimal sum and nothing else: surrounding whitespace
 and a trailing end-of-turn marker that survived decoding are ignored, but any other text (a second
 number, words, a missing answer) scores 0. Strictness is deliberate: the reward is what RL optimises,
@@ -14,7 +17,7 @@ import re
 _TRAILING_MARKERS = ("<|end|>", "<|pad|>")
 _INTEGER = re.compile(r"[+-]?\d+")
 
-KNOWN_TASKS = ("addition",)
+KNOWN_TASKS = ("addition", "calculator")
 
 
 def extract_answer(solution_str: str) -> str | None:
@@ -51,5 +54,13 @@ def compute_score(solution_str: str, ground_truth, task: str = "addition") -> fl
     truth = str(ground_truth).strip()
     if not _INTEGER.fullmatch(truth):
         raise ValueError(f"verl_toy/{task}: ground truth must be an integer string, got {ground_truth!r}")
-    answer = extract_answer(str(solution_str))
+    text = str(solution_str)
+    if task == "calculator":
+        # the response spans the whole conversation (tool calls and results); the final answer is
+        # written "=<integer>" and must end the response
+        at = text.rfind("=")
+        if at < 0:
+            return 0.0
+        text = text[at + 1 :]
+    answer = extract_answer(text)
     return 1.0 if answer is not None and answer == _canonical_integer(truth) else 0.0

@@ -5,7 +5,7 @@ from verl.workers.config.critic import CriticConfig, FSDPCriticConfig, RewardMod
 from verl.workers.config.engine import FSDPEngineConfig, MixedPrecisionConfig
 from verl.workers.config.model import HFModelConfig
 from verl.workers.config.optimizer import OptimizerConfig
-from verl.workers.config.rollout import RolloutConfig, SamplingConfig
+from verl.workers.config.rollout import AgentLoopConfig, MultiTurnConfig, RolloutConfig, SamplingConfig
 
 __all__ = [
     "ActorConfig",
@@ -19,6 +19,8 @@ __all__ = [
     "MixedPrecisionConfig",
     "HFModelConfig",
     "OptimizerConfig",
+    "AgentLoopConfig",
+    "MultiTurnConfig",
     "RolloutConfig",
     "SamplingConfig",
 ]

@@ -28,6 +28,62 @@ class SamplingConfig(BaseConfig):
 
 
 @dataclass
+class MultiTurnConfig(BaseConfig):
+    """Multi-turn, tool-using rollout (`rollout.multi_turn`; see docs/agent_loop.md).
+
+    `enable` routes generation through the agent loops (`verl.experimental.agent_loop`).
+    `max_assistant_turns` / `max_user_turns` (null = no limit) bound the turns of a trajectory;
+    `max_parallel_calls` the calls run per assistant turn; a tool result longer than
+    `max_tool_response_length` characters is cut on `tool_response_truncate_side`
+    (`left`: its beginning is cut, `right`: its end, `middle`). `format` names the tool-call
+    parser; `tokenization_sanity_check_mode` compares each trajectory with a full chat-template
+    render (`strict`, `ignore_strippable`, `disable`).
+    """
+
+    enable: bool = False
+    max_assistant_turns: int | None = None
+    max_user_turns: int | None = None
+    tool_config_path: str | None = None
+    function_tool_path: str | None = None
+    max_parallel_calls: int = 1
+    max_tool_response_length: int = 256
+    tool_response_truncate_side: str = "middle"
+    format: str = "hermes"
+    use_inference_chat_template: bool = False
+    tokenization_sanity_check_mode: str = "strict"
+
+    def __post_init__(self):
+        owner = "actor_rollout_ref.rollout.multi_turn"
+        check_range(owner, "max_assistant_turns", self.max_assistant_turns, low=1, allow_none=True)
+        check_range(owner, "max_user_turns", self.max_user_turns, low=1, allow_none=True)
+        check_range(owner, "max_parallel_calls", self.max_parallel_calls, low=1)
+        check_range(owner, "max_tool_response_length", self.max_tool_response_length, low=1)
+        check_choice(
+            owner, "tool_response_truncate_side", self.tool_response_truncate_side, ("left", "right", "middle")
+        )
+        check_choice(
+            owner,
+            "tokenization_sanity_check_mode",
+            self.tokenization_sanity_check_mode,
+            ("strict", "ignore_strippable", "disable"),
+        )
+
+
+@dataclass
+class AgentLoopConfig(BaseConfig):
+    """Agent loops (`rollout.agent`): `default_agent_loop` for samples without an `agent_name`
+    column; `agent_loop_config_path` a yaml list of `{name, _target_}` registering more loops;
+    `num_workers` x 64 bounds the trajectories in flight per rank (upstream: agent-loop workers)."""
+
+    num_workers: int = 8
+    default_agent_loop: str = "single_turn_agent"
+    agent_loop_config_path: str | None = None
+
+    def __post_init__(self):
+        check_range("actor_rollout_ref.rollout.agent", "num_workers", self.num_workers, low=1)
+
+
+@dataclass
 class RolloutConfig(BaseConfig):
     """How responses are generated. `name` selects a rollout engine from the rollout registry
     (`hf`: Hugging Face generate on the actor's own weights, CPU and GPU; `vllm`: GPU only).
@@ -67,6 +123,8 @@ class RolloutConfig(BaseConfig):
     enable_chunked_prefill: bool = True
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 
     def __post_init__(self):
         owner = "actor_rollout_ref.rollout"

@@ -48,6 +48,7 @@ from verl.utils.reward_score.bounded import (
     call_with_alarm,
     callable_name,
 )
+from verl.utils.torch_functional import response_span
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +220,9 @@ class AbstractRewardManager:
         else:
             response_mask = data.batch["attention_mask"][:, prompt_len:]
         prompt_mask = data.batch["attention_mask"][:, :prompt_len].bool()
-        resp_lens = response_mask.sum(-1).long().tolist()
+        # the span up to the last generated token: a multi-turn response holds observation tokens
+        # (mask 0) between its turns; for a single turn this is the mask's sum
+        resp_lens = response_span(response_mask).tolist()
         prompt_ids = [prompts[i][prompt_mask[i]].tolist() for i in range(len(resp_lens))]
         # response tokens are left-aligned: the first `len` positions are the generated ones
         resp_ids = [responses[i, :n].tolist() for i, n in enumerate(resp_lens)]

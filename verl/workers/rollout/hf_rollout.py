@@ -319,3 +319,78 @@ class HFRollout(BaseRollout):
         logits = logits[:, -resp_len - 1 : -1].float()
         lp = torch.log_softmax(logits, dim=-1).gather(-1, responses.to(device).unsqueeze(-1)).squeeze(-1)
         return lp.cpu()
+
+    # ------------------------------------------------------------------------------------------
+    # token lists (the agent loop's batched server; see verl/workers/rollout/async_server.py)
+
+    @contextlib.contextmanager
+    def generation_context(self):
+        """Eval mode and gathered parameters for a series of `generate_token_lists` calls. With FSDP
+        2+ ranks the gathering is one collective, so the whole multi-turn rollout of a rank runs
+        inside one context and the ranks may make different numbers of calls."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with full_parameters(self.module):
+                yield
+        finally:
+            self.module.train(was_training)
+
+    @torch.no_grad()
+    def generate_token_lists(
+        self,
+        prompt_ids: list[list[int]],
+        max_tokens: list[int],
+        sampling: dict,
+        eos_ids: list[int],
+        pad_id: int,
+        generator=None,
+    ):
+        """Generate one continuation per prompt (a list of ids, no padding) and return a list of
+        `TokenOutput`: the ids up to and including the first EOS, or `max_tokens[i]` ids
+        (`stop_reason="length"`), with their log-probs under the sampling distribution.
+
+        Must run inside `generation_context()`. Rows are left-padded into one batch (chunks of
+        `rollout.micro_batch_size`) and decoded for max(max_tokens) steps; a row's tokens beyond its
+        own budget are discarded.
+        """
+        from verl.workers.rollout.async_server import TokenOutput
+
+        if len(prompt_ids) != len(max_tokens):
+            raise ValueError(f"generate_token_lists: {len(prompt_ids)} prompts but {len(max_tokens)} max_tokens")
+        params = {
+            "do_sample": bool(sampling.get("do_sample", True)),
+            "temperature": sampling.get("temperature", 1.0),
+            "top_k": sampling.get("top_k", -1),
+            "top_p": sampling.get("top_p", 1.0),
+        }
+        if params["do_sample"] and not (params["temperature"] or 0) > 0:
+            raise ValueError(
+                f"sampling needs temperature > 0, got {params['temperature']} (use do_sample=False for greedy)"
+            )
+        eos_set = set(eos_ids) if not self.config.ignore_eos else set()
+        results: list = [None] * len(prompt_ids)
+        chunk = self.config.micro_batch_size or len(prompt_ids)
+        for start in range(0, len(prompt_ids), chunk):
+            rows = list(range(start, min(start + chunk, len(prompt_ids))))
+            width = max(len(prompt_ids[i]) for i in rows)
+            ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for j, i in enumerate(rows):
+                p = prompt_ids[i]
+                if not p:
+                    raise ValueError("generate_token_lists: an empty prompt has no position to continue from")
+                ids[j, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+                mask[j, width - len(p) :] = 1
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            steps = max(max_tokens[i] for i in rows)
+            tokens, lps = self._generate_chunk(ids, mask, pos, steps, params, eos_ids, int(pad_id), generator)
+            for j, i in enumerate(rows):
+                toks, lp = tokens[j].tolist(), lps[j].tolist()
+                n, reason = max_tokens[i], "length"
+                for t in range(min(n, len(toks))):
+                    if toks[t] in eos_set:
+                        n, reason = t + 1, "eos"
+                        break
+                results[i] = TokenOutput(token_ids=toks[:n], log_probs=[float(x) for x in lp[:n]], stop_reason=reason)
+        return results

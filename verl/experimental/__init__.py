@@ -1,0 +1,1 @@
+"""Experimental features under upstream's paths (`verl.experimental.agent_loop`)."""
