@@ -24,7 +24,7 @@ from verl.trainer.config import (
     RayKwargsConfig,
     TrainerConfig,
 )
-from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.config import ConfigTypeError, omega_conf_to_dataclass
 from verl.utils.py_functional import config_get
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
 
@@ -251,6 +251,24 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def _named_at_source(exc: Exception, cfg: Any) -> Exception:
+    """A type error on a key whose yaml value interpolates another key (`actor.rollout_n:
+    ${oc.select:actor_rollout_ref.rollout.n,1}`) also names that source key: the user set it there."""
+    import re
+
+    match = re.match(r"([\w.]+)=", str(exc))
+    if not match or not isinstance(cfg, DictConfig):
+        return exc
+    key = match.group(1)
+    node: Any = OmegaConf.to_container(cfg, resolve=False)
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    source = re.match(r"\$\{(?:oc\.select:)?([\w.]+)", node) if isinstance(node, str) else None
+    if source is None:
+        return exc
+    return type(exc)(f"{exc} ({key} follows {source.group(1)}: fix the value of {source.group(1)})")
+
+
 def validate_config(config: Any) -> ValidatedConfig:
     """Convert and check the whole config; raises ValueError naming the key, value and rule.
 
@@ -277,15 +295,18 @@ def validate_config(config: Any) -> ValidatedConfig:
     check_roles_colocated(cfg)
     import_user_modules(cfg)
 
-    conv = omega_conf_to_dataclass
-    # rollout first: actor/ref.rollout_n interpolate rollout.n, and a bad value must be named at its source
-    rollout_cfg = conv(arr.get("rollout"), RolloutConfig, _path="actor_rollout_ref.rollout")
+    def conv(node, cls, _path):
+        try:
+            return omega_conf_to_dataclass(node, cls, _path=_path)
+        except ConfigTypeError as exc:
+            raise _named_at_source(exc, cfg) from None
+
     v = ValidatedConfig(
         data=conv(cfg.get("data"), DataConfig, _path="data"),
         model=conv(arr.get("model"), HFModelConfig, _path="actor_rollout_ref.model"),
         actor=conv(arr.get("actor"), ActorConfig, _path="actor_rollout_ref.actor"),
         ref=conv(arr.get("ref"), RefConfig, _path="actor_rollout_ref.ref"),
-        rollout=rollout_cfg,
+        rollout=conv(arr.get("rollout"), RolloutConfig, _path="actor_rollout_ref.rollout"),
         critic=conv(cfg.get("critic"), CriticConfig, _path="critic"),
         reward_model=conv(cfg.get("reward_model"), RewardModelConfig, _path="reward_model"),
         custom_reward_function=conv(
