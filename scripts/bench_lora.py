@@ -146,9 +146,13 @@ def measure_one(model_dir: str, rank: int, steps: int = 6) -> dict:
         "data.max_response_length": 16,
         "actor_rollout_ref.actor.checkpoint.save_lora_only": rank > 0,
     }
+    from verl.trainer.config.upstream_keys import apply_embedded_preset, check_upstream_surface
+
+    # the embedded job's settings for the keys not set here; upstream's keys mapped onto ours
+    apply_embedded_preset(cfg, [f"{key}=" for key in overrides], always=True)
     for key, value in overrides.items():
         OmegaConf.update(cfg, key, value, merge=False)
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg = OmegaConf.create(OmegaConf.to_container(check_upstream_surface(cfg), resolve=True))
     rss0 = _rss_bytes()
     worker = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor_rollout")
     worker.init_model()

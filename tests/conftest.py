@@ -46,6 +46,15 @@ for _folder in _test_folders():
         sys.path.append(_folder)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A test that uses the shared Ray session belongs to the `ray` lane, marked or not (before
+    `-m` deselects: the fast lane must never start Ray)."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+
+
 def load_build_script():
     """`scripts/build_embedded_default.py` as a module (it is a script, not part of the package)."""
     import importlib.util
