@@ -889,7 +889,21 @@ class DataProto:
             raise ValueError(f"repeat_times must be a non-negative int, got {repeat_times!r}")
         rows = np.arange(len(self))
         idx = np.repeat(rows, repeat_times) if interleave else np.tile(rows, repeat_times)
-        return self.select_idxs(idx)
+        if self.batch is None or not all(isinstance(v, torch.Tensor) for v in self.batch.values()) or repeat_times == 0:
+            return self.select_idxs(idx)
+
+        # per-tensor repeat_interleave / repeat instead of TensorDict fancy indexing (its per-call
+        # overhead dominated this on the driver); the same values, fresh storage
+        def rep(v: torch.Tensor) -> torch.Tensor:
+            return (
+                v.repeat_interleave(repeat_times, dim=0)
+                if interleave
+                else v.repeat(repeat_times, *([1] * (v.dim() - 1)))
+            )
+
+        size = [len(self) * repeat_times, *self.batch.batch_size[1:]]
+        batch = TensorDict({k: rep(v) for k, v in self.batch.items()}, batch_size=size, device=self.batch.device)
+        return self._derive(batch, {k: v[idx] for k, v in self.non_tensor_batch.items()})
 
     def sample_level_repeat(self, repeat_times) -> DataProto:
         """Row i repeated ``repeat_times[i]`` times, consecutively (an int repeats every row)."""

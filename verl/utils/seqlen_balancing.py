@@ -460,3 +460,138 @@ def response_outputs(
     index = (target - offset).clamp(min=0, max=out.shape[1] - 1)
     rows = torch.arange(index.shape[0], device=index.device).unsqueeze(1)
     return out[rows, index], valid, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# shared prompts (the prefix grouper)
+# ---------------------------------------------------------------------------------------------
+
+
+def _left_padded(mask: torch.Tensor) -> bool:
+    """True when every row of `mask` [m, W] is 0...0 1...1 (at least one 1)."""
+    lengths = mask.sum(dim=-1)
+    cols = torch.arange(mask.shape[-1], device=mask.device).unsqueeze(0)
+    expected = cols >= (mask.shape[-1] - lengths).unsqueeze(1)
+    return bool((lengths > 0).all()) and bool((mask.bool() == expected).all())
+
+
+def _right_padded(mask: torch.Tensor) -> bool:
+    """True when every row of `mask` [m, W] is 1...1 0...0 (possibly all 0)."""
+    lengths = mask.sum(dim=-1)
+    cols = torch.arange(mask.shape[-1], device=mask.device).unsqueeze(0)
+    return bool((mask.bool() == (cols < lengths.unsqueeze(1))).all())
+
+
+@dataclass
+class PromptGroups:
+    """Rows of a micro-batch grouped by identical prompt.
+
+    first: [u] one row index per distinct prompt; inverse: [m] the group (0..u-1) of every row;
+    prompt_len: longest valid prompt of the micro-batch (columns kept in the prefix forward).
+    """
+
+    first: torch.Tensor
+    inverse: torch.Tensor
+    prompt_len: int
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.first.numel())
+
+
+def group_shared_prompts(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
+) -> PromptGroups | None:
+    """Group the rows of a micro-batch whose prompts (token ids and mask) are identical.
+
+    Rows are a left-padded prompt followed by `response_length` right-padded response columns.
+    Returns None when nothing is gained or the layout is not the standard one (a prompt with
+    holes or no token, a response with holes): the caller then uses the plain forward.
+    """
+    width = input_ids.shape[-1] - response_length
+    if width <= 0 or input_ids.shape[0] < 2:
+        return None
+    p_mask = attention_mask[:, :width]
+    if not _left_padded(p_mask) or not _right_padded(attention_mask[:, width:]):
+        return None
+    key = torch.cat([input_ids[:, :width] * p_mask, p_mask.to(input_ids.dtype)], dim=-1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    u = int(inverse.max()) + 1
+    if u == input_ids.shape[0]:
+        return None
+    m = input_ids.shape[0]
+    first = torch.full((u,), m, dtype=torch.long, device=input_ids.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(m, device=input_ids.device), reduce="amin")
+    # keep groups in order of first appearance (deterministic, independent of torch.unique's sort)
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(u, device=order.device)
+    return PromptGroups(first=first[order], inverse=rank[inverse], prompt_len=int(p_mask.sum(dim=-1).max()))
+
+
+def shared_prefix_outputs(
+    module,
+    groups: PromptGroups,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    cache_kwarg: str = "past_key_values",
+    logits_to_keep: bool = True,
+):
+    """`response_outputs` (logits at the positions that predict the response tokens) computed with
+    each distinct prompt run once.
+
+    Two forwards: (1) the distinct prompts [u, L] (L = `groups.prompt_len`, left-padded) with a
+    KV cache, keeping only the last position's logits (they predict response token 0); (2) the
+    responses [m, R'] (R' = longest valid response) attending to their group's cached prompt, the
+    cache rows selected by `groups.inverse`. The selection is an indexing op, so in training the
+    gradient of every response flows back into its shared prompt's computation and is summed
+    there: the same function and the same gradient as running each row in full (up to float
+    summation order). Position ids are the original ones.
+
+    Args:
+        module: a causal LM accepting a KV cache (`cache_kwarg`) and `use_cache=True`.
+        input_ids, attention_mask, position_ids: [m, P + R] padded micro-batch.
+        logits_to_keep: the model accepts transformers' `logits_to_keep`.
+    Returns:
+        logits [m, R, V] (0 past R'), valid [m, R] bool, (valid tokens, token slots) computed.
+    """
+    width = input_ids.shape[-1] - response_length
+    lp = groups.prompt_len
+    first = groups.first
+    p_ids = input_ids[first, width - lp : width]
+    p_mask = attention_mask[first, width - lp : width]
+    p_pos = position_ids[first, width - lp : width]
+    full_prompts = bool(p_mask.all())
+    extra = {"logits_to_keep": 1} if logits_to_keep else {}
+    out = module(
+        input_ids=p_ids, attention_mask=None if full_prompts else p_mask, position_ids=p_pos, use_cache=True, **extra
+    )
+    cache = out["cache"] if "cache" in out.keys() and out["cache"] is not None else out["past_key_values"]
+    first_logits = out.logits[:, -1:][groups.inverse]  # [m, 1, V]
+    resp_mask = attention_mask[:, width:]
+    valid = resp_mask.bool()
+    r_eff = max(int(resp_mask.sum(dim=-1).max()), 1)
+    m = input_ids.shape[0]
+    slots = groups.num_groups * lp
+    tokens = int(p_mask.sum())
+    if r_eff > 1:
+        cache.batch_select_indices(groups.inverse)
+        r_ids = input_ids[:, width : width + r_eff - 1]
+        r_pos = position_ids[:, width : width + r_eff - 1]
+        r_mask = resp_mask[:, : r_eff - 1]
+        full = torch.cat([p_mask[groups.inverse], r_mask], dim=-1)
+        kwargs = {cache_kwarg: cache}
+        if full_prompts and bool(r_mask.all()):
+            full = None
+        out2 = module(input_ids=r_ids, attention_mask=full, position_ids=r_pos, use_cache=True, **kwargs)
+        logits = torch.cat([first_logits, out2.logits], dim=1)
+        slots += m * (r_eff - 1)
+        tokens += int(r_mask.sum())
+    else:
+        logits = first_logits
+    if r_eff < response_length:
+        pad = logits.new_zeros((m, response_length - r_eff, *logits.shape[2:]))
+        logits = torch.cat([logits, pad], dim=1)
+    return logits, valid, (tokens, slots)

@@ -372,9 +372,10 @@ def test_upstream_dataclass_fields_and_defaults():
     act = ActorConfig()
     assert (act.rollout_n, act.tau_pos, act.tau_neg, act.ppo_micro_batch_size) == (1, 1.0, 1.05, None)
     assert (act.use_torch_compile, act.calculate_entropy, act.calculate_sum_pi_squared) == (True, False, False)
+    # use_prefix_grouper: on here where it is exact (upstream: off), see docs/performance.md
     assert (act.use_fused_kernels, act.use_prefix_grouper, act.engine, act.model_config, act.profiler) == (
         False,
-        False,
+        True,
         None,
         None,
         {},

@@ -165,12 +165,6 @@ RULES: tuple[Rule, ...] = (
         "sum of squared policy probabilities (optimal-token-baseline estimators)",
         "the registered advantage estimators",
     ),
-    Rule(
-        "actor_rollout_ref.actor.use_prefix_grouper",
-        "c",
-        "prefix-grouped attention (shared prompt prefix)",
-        "packed sequences (model.use_remove_padding)",
-    ),
     Rule("*.entropy_from_logits_chunk_size", "b", "the chunked entropy here uses a fixed chunk size"),
     Rule("*.entropy_checkpointing", "b", "entropy activations are not checkpointed separately here"),
     Rule("*.pad_to_length", "b", "sequences are packed without padding buckets here"),

@@ -43,7 +43,12 @@ import verl.utils.torch_functional as verl_F
 from verl.trainer.ppo import core_algos
 from verl.utils.fsdp_utils import all_ranks_finite, autocast_context, clip_grad_norm_, collective_device, dp_world_size
 from verl.utils.model import accepts_logits_to_keep
-from verl.utils.seqlen_balancing import plan_micro_batches_for_mask, response_outputs
+from verl.utils.seqlen_balancing import (
+    group_shared_prompts,
+    plan_micro_batches_for_mask,
+    response_outputs,
+    shared_prefix_outputs,
+)
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.rollout.base import logprob_temperature
 
@@ -192,6 +197,8 @@ class DataParallelPPOActor(BasePPOActor):
         self.pad_token_id = int(pad_token_id or 0)
         self.last_padding_stats: dict[str, float] = {}
         self._logits_to_keep = accepts_logits_to_keep(actor_module)
+        self._cache_kwarg = prefix_cache_kwarg(actor_module)
+        self.prefix_groups_used = 0  # micro-batches computed with shared prompts (the prefix grouper)
 
     # ------------------------------------------------------------------------------------------
     # forward
@@ -220,16 +227,33 @@ class DataParallelPPOActor(BasePPOActor):
             return self.actor_module(**inputs, use_cache=False, **extra).logits
 
         device_type = "cuda" if device.type == "cuda" else "cpu"
+        input_ids = micro["input_ids"].to(device)
+        attention_mask = micro["attention_mask"].to(device)
+        position_ids = micro["position_ids"].to(device)
+        groups = self._prompt_groups(input_ids, attention_mask, position_ids, responses.shape[-1])
         with autocast_context(device_type, self.compute_dtype):
-            resp_logits, resp_valid, (valid_tokens, slots) = response_outputs(
-                logits,
-                micro["input_ids"].to(device),
-                micro["attention_mask"].to(device),
-                micro["position_ids"].to(device),
-                responses.shape[-1],
-                self.pad_token_id,
-                self.use_remove_padding,
-            )
+            if groups is not None:
+                self.prefix_groups_used += 1
+                resp_logits, resp_valid, (valid_tokens, slots) = shared_prefix_outputs(
+                    self.actor_module,
+                    groups,
+                    input_ids,
+                    attention_mask,
+                    position_ids,
+                    responses.shape[-1],
+                    cache_kwarg=self._cache_kwarg,
+                    logits_to_keep=self._logits_to_keep,
+                )
+            else:
+                resp_logits, resp_valid, (valid_tokens, slots) = response_outputs(
+                    logits,
+                    input_ids,
+                    attention_mask,
+                    position_ids,
+                    responses.shape[-1],
+                    self.pad_token_id,
+                    self.use_remove_padding,
+                )
         resp_logits = resp_logits.float()
         if temperature != 1.0:
             resp_logits = resp_logits / temperature
@@ -244,6 +268,18 @@ class DataParallelPPOActor(BasePPOActor):
                 entropy = verl_F.entropy_from_logits(resp_logits)
             entropy = torch.where(resp_valid, entropy, zero)
         return entropy, log_probs, (valid_tokens, slots)
+
+    def _prompt_groups(self, input_ids, attention_mask, position_ids, response_length):
+        """Rows sharing a prompt, when the prefix grouper applies (`actor.use_prefix_grouper`, a model
+        with a KV cache, `use_remove_padding`, 1-D position ids per row, no gradient checkpointing
+        while training), else None."""
+        if not self.config.get("use_prefix_grouper", False) or self._cache_kwarg is None or not self.use_remove_padding:
+            return None
+        if position_ids.dim() != 2:  # multi-axis rope (vision-language models): plain path
+            return None
+        if self.actor_module.training and _activation_checkpointing(self.actor_module):
+            return None
+        return group_shared_prompts(input_ids, attention_mask, response_length)
 
     def _plan(
         self, batch, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None
@@ -580,6 +616,31 @@ class _Overlay:
     def get(self, key: str, default: Any = None) -> Any:
         value = getattr(self, key, default)
         return default if value is None else value
+
+
+def _activation_checkpointing(module) -> bool:
+    # transformers 5 renamed is_gradient_checkpointing (deprecated) to is_activation_checkpointing
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(module), name) or hasattr(module, name):
+            return bool(getattr(module, name))
+    return False
+
+
+def prefix_cache_kwarg(module) -> str | None:
+    """Name of the KV-cache argument of `module`'s forward (`cache` in transformers >= 5.2x,
+    `past_key_values` before), or None when it takes neither (the prefix grouper is then off)."""
+    import inspect
+
+    try:
+        params = inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if "use_cache" not in params:
+        return None
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return None
 
 
 def _rollout_correction(old_log_prob, rollout_log_prob, response_mask, rc_config):

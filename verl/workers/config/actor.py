@@ -119,6 +119,10 @@ class ActorConfig(BaseConfig):
     loss_scale_factor: float | None = None
     entropy_coeff: float = 0.0
     entropy_from_logits_with_chunking: bool = False
+    # run each distinct prompt once per micro-batch and share it (its KV cache) with the rows that
+    # repeat it (rollout.n samples): same log-probs and gradients, fewer tokens; used where exact
+    # (a causal LM with a KV cache, model.use_remove_padding, no gradient checkpointing)
+    use_prefix_grouper: bool = True
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
@@ -135,7 +139,6 @@ class ActorConfig(BaseConfig):
     calculate_entropy: bool = False
     calculate_sum_pi_squared: bool = False
     use_fused_kernels: bool = False
-    use_prefix_grouper: bool = False
     profiler: dict = field(default_factory=dict)
     # upstream's engine config and model config objects (set by its workers); null here
     engine: Any = None

@@ -60,6 +60,84 @@ def filter_logits_top_k_top_p(logits: torch.Tensor, top_k: int = -1, top_p: floa
     return logits
 
 
+def _preallocate_cache(cache, capacity: int) -> int:
+    """Give each plain `DynamicLayer` of `cache` a buffer of `capacity` positions, so that decoding
+    writes every new key/value in place instead of re-concatenating the whole cache at each token
+    (the cat was ~43% of decoding time with 64-token responses). Other layer kinds (sliding
+    window, linear attention, ...) are left as they are. Returns the number of layers converted.
+
+    The layers' `keys` / `values` stay what transformers reads (views of the first `n` buffer
+    positions), so attention sees exactly the same tensors as with the dynamic cache.
+    """
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # older transformers: no per-layer cache objects
+        return 0
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list):
+        return 0
+
+    class _BufferedLayer(DynamicLayer):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, cap: int):
+            super().__init__()
+            self.device = keys.device
+            self.is_initialized = True
+            self._n = keys.shape[-2]
+            self._k = keys.new_empty((*keys.shape[:-2], max(cap, self._n), keys.shape[-1]))
+            self._v = values.new_empty((*values.shape[:-2], max(cap, self._n), values.shape[-1]))
+            self._k[..., : self._n, :].copy_(keys)
+            self._v[..., : self._n, :].copy_(values)
+            self._views()
+
+        def _views(self):
+            self.keys = self._k[..., : self._n, :]
+            self.values = self._v[..., : self._n, :]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            end = self._n + key_states.shape[-2]
+            if end > self._k.shape[-2]:  # past the planned length: grow (not expected in decoding)
+                grow = max(end, 2 * self._k.shape[-2]) - self._k.shape[-2]
+                self._k = torch.cat(
+                    [self._k, self._k.new_empty((*self._k.shape[:-2], grow, self._k.shape[-1]))], dim=-2
+                )
+                self._v = torch.cat(
+                    [self._v, self._v.new_empty((*self._v.shape[:-2], grow, self._v.shape[-1]))], dim=-2
+                )
+            self._k[..., self._n : end, :].copy_(key_states)
+            self._v[..., self._n : end, :].copy_(value_states)
+            self._n = end
+            self._views()
+            return self.keys, self.values
+
+        def _select(self, idx):
+            self._k = self._k.index_select(0, idx.to(self._k.device))
+            self._v = self._v.index_select(0, idx.to(self._v.device))
+            self._views()
+
+        def batch_select_indices(self, indices):
+            self._select(indices)
+
+        def reorder_cache(self, beam_idx):
+            self._select(beam_idx)
+
+        def crop(self, max_length):
+            if max_length < 0:
+                max_length = self._n + max_length
+            self._n = min(self._n, max_length)
+            self._views()
+
+        def reset(self):
+            self._n = 0
+            self._views()
+
+    converted = 0
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.dim() == 4:
+            layers[i] = _BufferedLayer(layer.keys, layer.values, capacity)
+            converted += 1
+    return converted
+
+
 @register_rollout("hf")
 class HFRollout(BaseRollout):
     """Rollout on a Hugging Face causal LM.
@@ -241,6 +319,7 @@ class HFRollout(BaseRollout):
         cache_kw = self._cache_kwarg()
         with autocast_context(self._device_type, self.compute_dtype):
             logits, cache = self._prefill(input_ids, attention_mask, position_ids)
+            _preallocate_cache(cache, input_ids.shape[1] + resp_len)
             for t in range(resp_len):
                 scaled = logits / temperature
                 logp = torch.log_softmax(scaled, dim=-1)
