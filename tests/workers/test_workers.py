@@ -121,7 +121,9 @@ def test_actor_rollout_ref_round_trip(tiny, tmp_path):
     _grpo_like_advantages(batch)
     result = worker.update_actor(batch)
     metrics = result.meta_info["metrics"]
-    assert metrics["actor/pg_clipfrac"] == [0.0] and metrics["actor/ppo_kl"] == [0.0]  # first update: ratio 1
+    # first update: ratio 1 (to float rounding: the prefix grouper batches the prompt differently
+    # in the log-prob pass and in the update, ~1e-8)
+    assert metrics["actor/pg_clipfrac"] == [0.0] and metrics["actor/ppo_kl"][0] == pytest.approx(0.0, abs=1e-6)
     assert metrics["actor/kl_loss"][0] == pytest.approx(0.0, abs=1e-6)  # actor == ref before the step
     assert metrics["actor/lr"] == [1e-3]
     rss = metrics["perf/actor_memory/max_rss_gb"][0]

@@ -19,7 +19,8 @@ aliases moved, upstream-only sections (`reward`, `global_profiler`, ...) mapped 
 code reads and then removed, keys of (b)/(c) that no config dataclass holds removed, and the
 dataclass defaults of keys that the yaml does not list filled in.
 
-The embedded toy job's settings (`EMBEDDED_PRESET`) apply only when no model is given
+The embedded toy job's settings (`EMBEDDED_PRESET`) apply only when no model is given (or a model shipped in
+verl/assets)
 (`actor_rollout_ref.model.path` null), each yielding to a value the user set
 (`apply_embedded_preset`).
 """
@@ -546,14 +547,28 @@ def override_keys(overrides: list[str] | None) -> set[str]:
     return keys
 
 
+EMBEDDED_ASSETS = Path(__file__).resolve().parents[2] / "assets"
+
+
+def _is_embedded_model(path: Any) -> bool:
+    """No model given, or one of the tiny models shipped in verl/assets (the toy jobs' models,
+    e.g. the calculator agent's): the toy preset applies."""
+    if path is None:
+        return True
+    try:
+        return Path(str(path)).expanduser().resolve().is_relative_to(EMBEDDED_ASSETS)
+    except (OSError, ValueError):
+        return False
+
+
 def apply_embedded_preset(cfg: DictConfig, overrides: list[str] | None, always: bool = False) -> DictConfig:
-    """Put the embedded toy job's settings into `cfg` (in place) when no model is given (or
-    `always`, e.g. for a tiny test model).
+    """Put the embedded toy job's settings into `cfg` (in place) when no model is given or the
+    model is one shipped in verl/assets (or `always`, e.g. for a tiny test model).
 
     A preset key is left alone when the user set it, or a section above it, or a key below it
     (`trainer.logger=[console]`, `actor_rollout_ref.actor.optim={lr: 1e-5}`). Returns `cfg`.
     """
-    if not always and OmegaConf.select(cfg, "actor_rollout_ref.model.path") is not None:
+    if not always and not _is_embedded_model(OmegaConf.select(cfg, "actor_rollout_ref.model.path")):
         return cfg
     user = override_keys(overrides)
     with open_dict(cfg):

@@ -631,8 +631,10 @@ def prefix_cache_kwarg(module) -> str | None:
     `past_key_values` before), or None when it takes neither (the prefix grouper is then off)."""
     import inspect
 
+    # a peft model forwards its keyword arguments to the wrapped model: read that one's signature
+    inner = module.get_base_model() if callable(getattr(module, "get_base_model", None)) else module
     try:
-        params = inspect.signature(type(module).forward).parameters
+        params = inspect.signature(type(inner).forward).parameters
     except (TypeError, ValueError):
         return None
     if "use_cache" not in params:
