@@ -19,10 +19,9 @@ aliases moved, upstream-only sections (`reward`, `global_profiler`, ...) mapped 
 code reads and then removed, keys of (b)/(c) that no config dataclass holds removed, and the
 dataclass defaults of keys that the yaml does not list filled in.
 
-The embedded toy job's settings (`EMBEDDED_PRESET`) apply only when no model is given (or a model shipped in
-verl/assets)
-(`actor_rollout_ref.model.path` null), each yielding to a value the user set
-(`apply_embedded_preset`).
+The embedded toy job's settings (`EMBEDDED_PRESET`) apply only when no model is given
+(`actor_rollout_ref.model.path` null) or the model is one shipped in verl/assets, each yielding to
+a value the user set (`apply_embedded_preset`).
 """
 
 from __future__ import annotations
