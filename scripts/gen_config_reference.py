@@ -5,7 +5,7 @@ default and meaning.
 The meaning of a key is, in order of preference: the comment on its line in the yaml, the
 comment on (or just above) the field in its config dataclass, the `- \\`key\\`: ...` bullet of the
 dataclass docstring. Keys that a dataclass accepts but the yaml does not list (and the other way
-round) are shown too, so the reference is complete. A test (tests/test_config_reference.py)
+round) are shown too, so the reference is complete. A test (tests/trainer/config/test_config_reference.py)
 fails when the committed file differs from what this script produces.
 
 Usage: python scripts/gen_config_reference.py [--check]
