@@ -636,7 +636,7 @@ def test_bypass_mode_uses_rollout_log_probs_as_old_and_turns_the_shortcut_off():
 
     rc = SimpleNamespace(bypass_mode=True, rollout_rs=None, rollout_is="token")
     cfg = SimpleNamespace(
-        algorithm=SimpleNamespace(rollout_correction=rc, use_kl_in_reward=False),
+        algorithm=SimpleNamespace(rollout_correction=rc, use_kl_in_reward=False, adv_estimator="grpo"),
         actor=SimpleNamespace(ppo_mini_batch_size=4, ppo_epochs=1),
         data=SimpleNamespace(train_batch_size=4),
     )

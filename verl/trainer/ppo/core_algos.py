@@ -48,6 +48,10 @@ __all__ = [
     "AdvantageEstimator",
     "register_adv_est",
     "get_adv_estimator_fn",
+    "AdvEstimatorTraits",
+    "ADV_ESTIMATOR_TRAITS",
+    "get_adv_estimator_traits",
+    "adv_estimators_with",
     "unpack_policy_loss_output",
     "config_get",
     # aggregation and micro-batching
@@ -249,19 +253,60 @@ class AdvantageEstimator(str, Enum):
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
 
 
+@dataclass(frozen=True)
+class AdvEstimatorTraits:
+    """What an advantage estimator asks of the trainer, declared at registration.
+
+    - `needs_groups`: the baseline comes from the other responses to the same prompt, so
+      `actor_rollout_ref.rollout.n` must be >= 2 (checked by `validate_config`).
+    - `needs_critic`: the estimator reads `values`; `need_critic(config)` turns the critic on.
+    - `needs_greedy_baseline`: the trainer generates one greedy response per prompt and puts its
+      reward in the batch as `reward_baselines` [B] (ReMax); sampling must be on.
+    - `needs_old_log_probs`: the estimator reads `old_log_probs` on the driver, so the trainer never
+      skips the old-log-prob pass.
+    """
+
+    needs_groups: bool = False
+    needs_critic: bool = False
+    needs_greedy_baseline: bool = False
+    needs_old_log_probs: bool = False
+
+
+# name -> traits, kept apart from ADV_ESTIMATOR_REGISTRY so that the registry's values stay the
+# bare functions (upstream code and tests compare and rebind them)
+ADV_ESTIMATOR_TRAITS: dict[str, AdvEstimatorTraits] = {}
+
+
 def _enum_name(name_or_enum: str | Enum) -> str:
     return name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
 
 
-def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callable], Callable]:
-    """Decorator: register an advantage estimator under a name or `AdvantageEstimator` member.
+def register_adv_est(
+    name_or_enum: str | AdvantageEstimator,
+    *,
+    needs_groups: bool = False,
+    needs_critic: bool = False,
+    needs_greedy_baseline: bool = False,
+    needs_old_log_probs: bool = False,
+) -> Callable[[Callable], Callable]:
+    """Decorator: register an advantage estimator under a name or `AdvantageEstimator` member,
+    with the traits the trainer checks and serves (see `AdvEstimatorTraits`; all False by default,
+    which is how an upstream-style `@register_adv_est("mine")` behaves).
 
     As upstream, a different function under a taken name raises ValueError (estimators are not
-    overridden by accident); the same definition again (a re-import) replaces it silently.
+    overridden by accident); the same definition again (a re-import) replaces it silently. The
+    registry is looked up as a module global when the decorator runs, so code that rebinds
+    `core_algos.ADV_ESTIMATOR_REGISTRY` registers into the new dict.
     """
     name = _enum_name(name_or_enum)
     if not isinstance(name, str) or not name:
         raise ValueError(f"register_adv_est: name must be a non-empty string or enum, got {name_or_enum!r}")
+    traits = AdvEstimatorTraits(
+        needs_groups=bool(needs_groups),
+        needs_critic=bool(needs_critic),
+        needs_greedy_baseline=bool(needs_greedy_baseline),
+        needs_old_log_probs=bool(needs_old_log_probs),
+    )
 
     def decorator(fn: Callable) -> Callable:
         current = ADV_ESTIMATOR_REGISTRY.get(name)
@@ -270,9 +315,23 @@ def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callab
                 f"Adv estimator {name} has already been registered: {_qualname(current)} vs {_qualname(fn)}"
             )
         ADV_ESTIMATOR_REGISTRY[name] = fn
+        ADV_ESTIMATOR_TRAITS[name] = traits
         return fn
 
     return decorator
+
+
+def get_adv_estimator_traits(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorTraits:
+    """The traits declared for the estimator; all False for a name registered without traits
+    (or put into `ADV_ESTIMATOR_REGISTRY` by hand)."""
+    return ADV_ESTIMATOR_TRAITS.get(_enum_name(name_or_enum), AdvEstimatorTraits())
+
+
+def adv_estimators_with(trait: str) -> frozenset[str]:
+    """Names of the registered estimators that declare `trait` (a field of `AdvEstimatorTraits`)."""
+    if trait not in AdvEstimatorTraits.__dataclass_fields__:
+        raise ValueError(f"unknown estimator trait {trait!r}; known: {list(AdvEstimatorTraits.__dataclass_fields__)}")
+    return frozenset(n for n in ADV_ESTIMATOR_REGISTRY if getattr(get_adv_estimator_traits(n), trait))
 
 
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable:
@@ -1710,7 +1769,7 @@ def _turn_counts(mask: torch.Tensor, turn_ids: torch.Tensor | None) -> torch.Ten
     return torch.tensor(counts, dtype=torch.long, device=mask.device)
 
 
-@register_adv_est(AdvantageEstimator.GAE)
+@register_adv_est(AdvantageEstimator.GAE, needs_critic=True)
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -1799,7 +1858,7 @@ def _norm_by_std(norm_adv_by_std_in_grpo: bool | None, config: Any) -> bool:
     return bool(config_get(config, "norm_adv_by_std_in_grpo", True))
 
 
-@register_adv_est(AdvantageEstimator.GRPO)
+@register_adv_est(AdvantageEstimator.GRPO, needs_groups=True)
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -1834,7 +1893,7 @@ def compute_grpo_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
+@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED, needs_groups=True)
 def compute_grpo_vectorized_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -1860,7 +1919,7 @@ def compute_grpo_vectorized_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.GRPO_PASSK)
+@register_adv_est(AdvantageEstimator.GRPO_PASSK, needs_groups=True)
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -1912,7 +1971,7 @@ def step_rewards_to_go(
     return torch.where(response_mask.bool(), to_go, torch.zeros((), dtype=to_go.dtype, device=to_go.device))
 
 
-@register_adv_est(AdvantageEstimator.GRPO_PROCESS)
+@register_adv_est(AdvantageEstimator.GRPO_PROCESS, needs_groups=True)
 def compute_grpo_process_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -1956,7 +2015,7 @@ def compute_grpo_process_advantage(
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.RLOO)
+@register_adv_est(AdvantageEstimator.RLOO, needs_groups=True)
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -1983,7 +2042,7 @@ def compute_rloo_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)
+@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED, needs_groups=True)
 def compute_rloo_vectorized_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -2031,7 +2090,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
+@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE, needs_groups=True)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -2054,7 +2113,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.REMAX)
+@register_adv_est(AdvantageEstimator.REMAX, needs_greedy_baseline=True)
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
     reward_baselines: torch.Tensor,
@@ -2081,7 +2140,7 @@ def compute_remax_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_est(AdvantageEstimator.OPO)
+@register_adv_est(AdvantageEstimator.OPO, needs_groups=True)
 def compute_opo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -2103,7 +2162,7 @@ def compute_opo_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.GPG)
+@register_adv_est(AdvantageEstimator.GPG, needs_groups=True)
 def compute_gpg_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -2228,7 +2287,7 @@ def _zero_unique_tail(baselines: torch.Tensor, rows: list[int], lengths: torch.T
         baselines[rows[int(at_max[0])], second:] = 0.0
 
 
-@register_adv_est(AdvantageEstimator.OPTIMAL_TOKEN_BASELINE)
+@register_adv_est(AdvantageEstimator.OPTIMAL_TOKEN_BASELINE, needs_old_log_probs=True)
 def compute_optimal_token_baseline_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -2277,7 +2336,7 @@ def compute_optimal_token_baseline_advantage(
     return adv, returns
 
 
-@register_adv_est(AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE)
+@register_adv_est(AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE, needs_old_log_probs=True)
 def compute_multi_turn_optimal_token_baseline_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -675,7 +675,7 @@ class RayPPOTrainer:
         batch = batch.union(out)
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
-        if self.cfg.algorithm.adv_estimator == "remax":
+        if core_algos.get_adv_estimator_traits(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
             with _timer("gen_max", timing_raw):
                 batch = self._remax_baseline(batch, gen_in)
         return batch
@@ -814,8 +814,8 @@ class RayPPOTrainer:
     def can_skip_old_log_prob(self) -> bool:
         """True when the actor's first forward in `update_actor` computes exactly `old_log_probs`:
         one epoch over one mini-batch (the policy has not moved yet when each token is seen) and
-        nothing on the driver needs `old_log_probs` before the update (KL in reward and rollout
-        rejection sampling do)."""
+        nothing on the driver needs `old_log_probs` before the update (KL in reward, rollout
+        rejection sampling and estimators declaring `needs_old_log_probs` do)."""
         cfg = self.cfg
         one_mini = cfg.actor.ppo_mini_batch_size >= cfg.data.train_batch_size and cfg.actor.ppo_epochs == 1
         # rejection sampling and batch-normalised IS weights need the learner's log-probs of the
@@ -824,6 +824,7 @@ class RayPPOTrainer:
         rc = cfg.algorithm.rollout_correction
         needs_old = (
             cfg.algorithm.use_kl_in_reward
+            or core_algos.get_adv_estimator_traits(cfg.algorithm.adv_estimator).needs_old_log_probs
             or rc.rollout_rs is not None
             or bool(config_get(rc, "rollout_is_batch_normalize", False))
         )

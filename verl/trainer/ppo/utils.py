@@ -24,6 +24,7 @@ from verl.trainer.config import (
     RayKwargsConfig,
     TrainerConfig,
 )
+from verl.trainer.ppo import core_algos
 from verl.utils.config import ConfigTypeError, omega_conf_to_dataclass
 from verl.utils.py_functional import config_get
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
@@ -41,22 +42,10 @@ class Role(Enum):
     ActorRolloutRef = 6
 
 
-# estimators whose baseline comes from the other responses of the same prompt: rollout.n must be > 1
-GROUP_ESTIMATORS = frozenset(
-    {
-        "grpo",
-        "grpo_vectorized",
-        "grpo_passk",
-        "grpo_process",
-        "rloo",
-        "rloo_vectorized",
-        "reinforce_plus_plus_baseline",
-        "opo",
-        "gpg",
-    }
-)
-# estimators that need a value model
-CRITIC_ESTIMATORS = frozenset({"gae"})
+# the built-in estimators by trait (import-time snapshots kept for code that imports these names;
+# the checks read `core_algos.get_adv_estimator_traits`, which also covers user estimators)
+GROUP_ESTIMATORS = core_algos.adv_estimators_with("needs_groups")
+CRITIC_ESTIMATORS = core_algos.adv_estimators_with("needs_critic")
 
 TOP_LEVEL_SECTIONS = (
     "data",
@@ -98,7 +87,7 @@ def need_critic(config: Any) -> bool:
     enable = _get(config, "critic.enable")
     if enable is not None:
         return bool(enable)
-    return _get(config, "algorithm.adv_estimator") in CRITIC_ESTIMATORS
+    return core_algos.get_adv_estimator_traits(_get(config, "algorithm.adv_estimator", "")).needs_critic
 
 
 def need_reference_policy(config: Any) -> bool:
@@ -276,7 +265,6 @@ def validate_config(config: Any) -> ValidatedConfig:
     register are accepted.
     """
     from verl.trainer.config.upstream_keys import check_upstream_surface
-    from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.rollout_corr_helper import validate_rollout_correction_config
     from verl.utils.tracking import check_backends_available
 
@@ -351,7 +339,8 @@ def validate_config(config: Any) -> ValidatedConfig:
         getattr(nc, "mean_level", None) == "group" or getattr(nc, "std_level", None) == "group"
         for nc in (algo.reward_norm, algo.adv_norm)
     )
-    if (est in GROUP_ESTIMATORS or group_norm) and rollout.n == 1:
+    traits = core_algos.get_adv_estimator_traits(est)
+    if (traits.needs_groups or group_norm) and rollout.n == 1:
         raise ValueError(
             f"algorithm.adv_estimator={est!r} compares the responses to one prompt, but actor_rollout_ref.rollout.n=1 "
             "gives one response per prompt (every advantage would be 0); set actor_rollout_ref.rollout.n >= 2"
@@ -368,14 +357,14 @@ def validate_config(config: Any) -> ValidatedConfig:
             "KL penalty on every token (each would count as a step); use "
             "actor_rollout_ref.actor.use_kl_loss=True instead"
         )
-    if est in CRITIC_ESTIMATORS and not v.use_critic:
+    if traits.needs_critic and not v.use_critic:
         raise ValueError(
             f"algorithm.adv_estimator={est!r} needs a value model, but critic.enable=False; set "
             "critic.enable=True or null"
         )
-    if est == "remax" and not rollout.do_sample:
+    if traits.needs_greedy_baseline and not rollout.do_sample:
         raise ValueError(
-            "algorithm.adv_estimator=remax compares sampled responses with a greedy one; "
+            f"algorithm.adv_estimator={est} compares sampled responses with a greedy one; "
             "actor_rollout_ref.rollout.do_sample must be True"
         )
     if algo.use_kl_in_reward and actor.use_kl_loss:

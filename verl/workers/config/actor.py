@@ -12,34 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig, check_choice, check_range
+from verl.trainer.ppo import core_algos
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import OptimizerConfig
 
-LOSS_AGG_MODES = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-    "prompt-mean",
-)
-KL_TYPES = (
-    "kl",
-    "k1",
-    "abs",
-    "mse",
-    "k2",
-    "low_var_kl",
-    "k3",
-    "kl+",
-    "k1+",
-    "abs+",
-    "mse+",
-    "k2+",
-    "low_var_kl+",
-    "k3+",
-    "full",
-)
+# the accepted values are owned by the functions that interpret them
+LOSS_AGG_MODES = core_algos.LOSS_AGG_MODES
+KL_TYPES = core_algos.KL_PENALTY_TYPES
 
 
 @dataclass
