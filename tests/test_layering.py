@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "verl"
 # first match wins: most specific prefixes first
 LAYER_OF_PREFIX: list[tuple[str, str]] = [
     ("verl.trainer.ppo.core_algos", "algorithms"),
+    ("verl.trainer.ppo.algos", "algorithms"),  # the modules behind core_algos
     ("verl.trainer.ppo.rollout_corr_helper", "algorithms"),  # pure torch, filed under trainer/ as upstream
     ("verl.trainer.config", "config"),
     ("verl.workers.config", "config"),
