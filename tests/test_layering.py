@@ -18,7 +18,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "verl"
 LAYER_OF_PREFIX: list[tuple[str, str]] = [
     ("verl.trainer.ppo.core_algos", "algorithms"),
     ("verl.trainer.ppo.algos", "algorithms"),  # the modules behind core_algos
-    ("verl.trainer.ppo.rollout_corr_helper", "algorithms"),  # pure torch, filed under trainer/ as upstream
     ("verl.trainer.config", "config"),
     ("verl.workers.config", "config"),
     ("verl.base_config", "config"),
@@ -50,11 +49,6 @@ MAY_IMPORT: dict[str, set[str]] = {
 
 # (importer module, imported module) -> why it is allowed for now
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("verl.trainer.ppo.rollout_corr_helper", "verl.protocol"): (
-        "upstream's batch-level entry points (compute_rollout_correction_and_add_to_batch, "
-        "compute_rollout_correction_and_rejection_mask) take or return a DataProto; the tensor functions "
-        "they wrap are pure torch. They belong on the driver side, beside compute_advantage"
-    ),
     ("verl.utils.tensordict_utils", "verl.protocol"): (
         "the TensorDict mini-batch iterator reuses DataProto's shuffled index order so both protocols "
         "give the same mini-batches for a seed; the index helper belongs in utilities"

@@ -549,7 +549,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         self._offload(self.actor_module, None, self.actor_config.fsdp_config)
         metrics = {"actor/padding_waste_log_prob": self.actor.last_padding_stats.get("padding_waste", 0.0)}
         if "rollout_log_probs" in data.batch.keys():
-            from verl.trainer.ppo.rollout_corr_helper import compute_mismatch_metrics
+            from verl.trainer.ppo.algos.rollout_rejection import compute_mismatch_metrics
 
             metrics.update(
                 compute_mismatch_metrics(

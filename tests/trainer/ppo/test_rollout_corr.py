@@ -412,3 +412,30 @@ def test_batch_normalisation_uses_the_mean_over_all_ranks(tmp_path, empty_rank):
         assert f0 == pytest.approx(1.2) and f1 is None
         torch.testing.assert_close(w1, torch.zeros(1, 3))
     torch.testing.assert_close(w0, torch.tensor([[0.6, 1.0, 2.0]]) / f0)
+
+
+# ---------------------------------------------------------------------------------------------
+# layout: tensor functions in the algorithm layer, DataProto wrappers in rollout_corr_helper
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dataproto_entry_point_wraps_the_tensor_entry_point():
+    from verl.trainer.ppo.algos import rollout_correction, rollout_rejection
+
+    # ratios 0.5, 1, 4 (one masked): TIS weights min(ratio, 2) on the valid tokens
+    old, roll = _logs([[0.5, 1.0, 4.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    kwargs = dict(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="token_k1", rollout_rs_threshold=1.5)
+    weights, new_mask, metrics = rollout_rejection.compute_rollout_correction_tensors(old, roll, mask, **kwargs)
+    proto, proto_mask, proto_metrics = rc.compute_rollout_correction_and_rejection_mask(old, roll, mask, **kwargs)
+    assert isinstance(proto, DataProto) and torch.equal(proto.batch["rollout_is_weights"], weights)
+    torch.testing.assert_close(weights, torch.tensor([[0.5, 1.0, 0.0]]))
+    # token_k1 with t = 1.5 keeps ratios in [2/3, 1.5]: the 0.5 token is rejected
+    assert new_mask.tolist() == [[0.0, 1.0, 0.0]] and torch.equal(proto_mask, new_mask)
+    assert proto_metrics == metrics and metrics["rollout_corr/rollout_rs_masked_fraction"] == 0.5
+    no_is, _, _ = rc.compute_rollout_correction_and_rejection_mask(old, roll, mask)
+    assert no_is is None
+    # the helper re-exports the algorithm-layer objects themselves
+    assert rc.compute_rollout_correction_weights is rollout_correction.compute_rollout_correction_weights
+    assert rc.compute_rollout_rejection_mask is rollout_rejection.compute_rollout_rejection_mask
+    assert rc.compute_rollout_correction is rollout_rejection.compute_rollout_correction

@@ -646,13 +646,13 @@ def prefix_cache_kwarg(module) -> str | None:
 
 
 def _rollout_correction(old_log_prob, rollout_log_prob, response_mask, rc_config):
-    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction
+    from verl.trainer.ppo.algos.rollout_rejection import compute_rollout_correction
 
     return compute_rollout_correction(old_log_prob, rollout_log_prob, response_mask, rc_config)
 
 
 def _mismatch_metrics(old_log_prob, rollout_log_prob, response_mask) -> dict[str, float]:
     """`rollout_mismatch/*`, the names the worker's compute_log_prob reports them under."""
-    from verl.trainer.ppo.rollout_corr_helper import compute_mismatch_metrics
+    from verl.trainer.ppo.algos.rollout_rejection import compute_mismatch_metrics
 
     return compute_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask, prefix="rollout_mismatch/")

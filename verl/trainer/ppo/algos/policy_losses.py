@@ -12,6 +12,7 @@ import torch
 
 import verl.utils.torch_functional as verl_F
 from verl.trainer.ppo.algos.aggregation import agg_loss
+from verl.trainer.ppo.algos.rollout_rejection import compute_rollout_correction_tensors
 from verl.trainer.ppo.core_algos import _to_float, register_policy_loss
 from verl.utils.py_functional import config_get
 
@@ -575,7 +576,7 @@ def compute_policy_loss_bypass_mode(
     Reads `config.policy_loss.rollout_correction` (`loss_type`, `rollout_is`,
     `rollout_is_threshold`, `rollout_is_batch_normalize`, `rollout_rs`, `rollout_rs_threshold`),
     computes IS weights and the rejection mask of the *current* policy against the rollout
-    (`rollout_corr_helper.compute_rollout_correction_and_rejection_mask`, no gradient), then:
+    (`rollout_rejection.compute_rollout_correction_tensors`, no gradient), then:
     - `loss_type=ppo_clip` (default): vanilla PPO on ratio = pi / pi_rollout over the kept tokens;
       the IS weights are not applied (the ratio already is the IS correction);
     - `loss_type=reinforce`: `compute_policy_loss_reinforce` with the IS weights.
@@ -583,8 +584,6 @@ def compute_policy_loss_bypass_mode(
     normalised over this call (micro-batch), not over all ranks. Metrics: the loss's plus
     `rollout_corr/*`.
     """
-    from verl.trainer.ppo import rollout_corr_helper  # lazy: keeps importing core_algos pure torch
-
     del rollout_is_weights
     rc = config_get(config_get(config, "policy_loss", None), "rollout_correction", None)
     if rc is None:
@@ -597,7 +596,7 @@ def compute_policy_loss_bypass_mode(
         raise ValueError(f"Invalid loss_type: {loss_type}. Must be 'reinforce' or 'ppo_clip'.")
     level = config_get(rc, "rollout_is", None)
     with torch.no_grad():
-        weights_proto, kept_mask, rc_metrics = rollout_corr_helper.compute_rollout_correction_and_rejection_mask(
+        weights, kept_mask, rc_metrics = compute_rollout_correction_tensors(
             old_log_prob=log_prob.detach(),
             rollout_log_prob=old_log_prob,
             response_mask=response_mask,
@@ -608,7 +607,6 @@ def compute_policy_loss_bypass_mode(
             rollout_rs_threshold=config_get(rc, "rollout_rs_threshold", None),
             rollout_rs_threshold_lower=config_get(rc, "rollout_rs_threshold_lower", None),
         )
-    weights = weights_proto.batch["rollout_is_weights"] if weights_proto is not None else None
     if weights is not None and bool(config_get(rc, "rollout_is_batch_normalize", False)):
         # over this call's tokens (token level) or sequences (sequence level): micro-batches may
         # differ in number between ranks, so no collective here
