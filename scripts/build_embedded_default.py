@@ -646,6 +646,95 @@ def evaluate_calculator(
     }
 
 
+def evaluate_copy(model_dir: str, test_path: str) -> dict:
+    """Greedy accuracy of the answer turn when the conversation already holds the tool call and its
+    result (``<|tool|>29495<|end|><|assistant|>`` -> ``=29495``): the copy skill that caps what RL
+    can reach once the policy always calls the tool. Also the wrong-digit count per position."""
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl.utils.dataset.toy_tasks import CalculatorTask
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    pairs = [(r["extra_info"]["a"], r["extra_info"]["b"]) for r in pq.read_table(test_path).to_pylist()]
+    prompts = [
+        tok.apply_chat_template(
+            [
+                {"role": "user", "content": CalculatorTask.question(a, b)},
+                {"role": "assistant", "content": CalculatorTask.tool_call(a, b)},
+                {"role": "tool", "content": CalculatorTask.answer(a, b)},
+            ],
+            add_generation_prompt=True,
+            tokenize=True,
+        )["input_ids"]
+        for a, b in pairs
+    ]
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+    for j, p in enumerate(prompts):
+        ids[j, width - len(p) :] = torch.tensor(p)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=(ids != tok.pad_token_id).long(),
+            max_new_tokens=10,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
+    truths = [CalculatorTask.final(a, b) for a, b in pairs]
+    n = max(map(len, truths))
+    wrong = [
+        sum(len(t) <= i or t[i] != g[i] for t, g in zip(texts, truths, strict=True) if i < len(g)) for i in range(n)
+    ]
+    return {
+        "n_prompts": len(pairs),
+        "copy_accuracy": sum(t == g for t, g in zip(texts, truths, strict=True)) / len(pairs),
+        "wrong_chars_per_position": wrong,
+    }
+
+
+def previous_stages(init_from: str, depth: int = 0) -> list:
+    """The SFT stages that produced `init_from` (a calculator build's model/), read from the
+    build_info.json next to it: its `sft_stages`, or, for a build that did not record them, its
+    own stage (from its build_args) after the stages of the model it started from. [] for any
+    other start (the addition model, a random init)."""
+    info = Path(init_from).parent / "build_info.json" if init_from else None
+    if depth > 16 or not info or not info.is_file():
+        return []
+    prev = json.loads(info.read_text())
+    if prev.get("task", {}).get("data_source") != "verl_toy/calculator":
+        return []
+    if "sft_stages" in prev:  # without the header line of older records
+        return [st for st in prev["sft_stages"] if isinstance(st, dict) or str(st)[:1].isdigit()]
+    args = prev.get("build_args", {})
+    parent = args.get("init_from") or ""
+    if parent and not Path(parent).is_absolute():
+        parent = str(REPO_ROOT / parent)
+    stages = previous_stages(parent, depth + 1)
+    stages.append(_stage_record(stages, args, prev.get("eval_test_split", {})))
+    return stages
+
+
+def _stage_record(stages: list, args: dict, metrics: dict) -> dict:
+    """One stage of the chain: where it started, its SFT settings, its copy accuracy."""
+    init = args.get("init_from") or "random"
+    return {
+        # earlier stages may be recorded as text ("1: ...") after a header line
+        "stage": 1 + sum(isinstance(st, dict) or str(st)[:1].isdigit() for st in stages),
+        "init_from": _repo_relative(init) if init != "random" else init,
+        "sft_steps": args.get("sft_steps"),
+        "sft_lr": args.get("sft_lr"),
+        "tool_rate": args.get("tool_rate"),
+        "seed": args.get("seed"),
+        "copy_accuracy": metrics.get("copy_after_tool_result", {}).get("copy_accuracy"),
+        "greedy_accuracy_with_tool": metrics.get("greedy", {}).get("accuracy"),
+    }
+
+
 def main_calculator(argv=None) -> dict:
     """Tokenizer with the tool role, warm-started model, RL + multi-turn SFT data, SFT warm-up on an
     imperfect teacher (calls the tool in `tool_rate` of its demonstrations), evaluation."""
@@ -666,6 +755,7 @@ def main_calculator(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     out = Path(args.output_dir).resolve()
     task = CalculatorTask(args.a_digits, args.b_digits)
+    stages = previous_stages(args.init_from)  # read before the output (maybe init_from's) is replaced
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="verl_calc_build_") as tmp:
         work = Path(tmp)
@@ -731,7 +821,9 @@ def main_calculator(argv=None) -> dict:
                     str(staging / "model"), str(data_paths["test"]), tools, do_sample=True, seed=args.seed
                 ),
                 "greedy_tool_disabled": evaluate_calculator(str(staging / "model"), str(data_paths["test"]), None),
+                "copy_after_tool_result": evaluate_copy(str(staging / "model"), str(data_paths["test"])),
             }
+        stages.append(_stage_record(stages, vars(args), metrics))
         history = sft_result["history"]
         info = {
             "task": {
@@ -761,6 +853,11 @@ def main_calculator(argv=None) -> dict:
                 "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
             },
             "eval_test_split": metrics,
+            "sft_stages": stages,
+            "sft_stages_note": (
+                "each stage is `scripts/build_embedded_default.py --task calculator --init_from <the previous "
+                "stage's model>` with the data of this build (seed 0); the shipped model is the last stage"
+            ),
             "build_args": vars(args)
             | {"output_dir": None, "init_from": _repo_relative(args.init_from) if args.init_from else ""},
             "torch": torch.__version__,
