@@ -646,6 +646,19 @@ def evaluate_calculator(
     }
 
 
+def greedy_continuations(model, tok, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
+    """Greedy continuation texts of left-padded prompts in one batch (special tokens skipped)."""
+    import torch
+
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    kw = {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id}
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, **kw)
+    return tok.batch_decode(out[:, width:], skip_special_tokens=True)
+
+
 def evaluate_copy(model_dir: str, test_path: str) -> dict:
     """Greedy accuracy of the answer turn when the conversation already holds the tool call and its
     result (``<|tool|>29495<|end|><|assistant|>`` -> ``=29495``): the copy skill that caps what RL
@@ -671,20 +684,7 @@ def evaluate_copy(model_dir: str, test_path: str) -> dict:
         )["input_ids"]
         for a, b in pairs
     ]
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
-    for j, p in enumerate(prompts):
-        ids[j, width - len(p) :] = torch.tensor(p)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=(ids != tok.pad_token_id).long(),
-            max_new_tokens=10,
-            do_sample=False,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-        )
-    texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
+    texts = greedy_continuations(model, tok, prompts, max_new_tokens=10)
     truths = [CalculatorTask.final(a, b) for a, b in pairs]
     n = max(map(len, truths))
     wrong = [
