@@ -735,21 +735,79 @@ def _stage_record(stages: list, args: dict, metrics: dict) -> dict:
     }
 
 
-def main_calculator(argv=None) -> dict:
-    """Tokenizer with the tool role, warm-started model, RL + multi-turn SFT data, SFT warm-up on an
-    imperfect teacher (calls the tool in `tool_rate` of its demonstrations), evaluation."""
-    import random
-    import tempfile
-
+def calculator_init(args, tokenizer, init_dir: Path) -> int:
+    """Save the starting weights (`--init_from` with its embeddings grown to the tokenizer, or a
+    random init) and the tokenizer to `init_dir`; returns the parameter count."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from verl.utils.dataset.toy_tasks import (
-        CalculatorTask,
-        calculator_rl_row,
-        calculator_sft_row,
-        make_calculator_splits,
+    if args.init_from:
+        model = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    else:
+        model = build_model(
+            tokenizer,
+            args.hidden_size,
+            args.num_layers,
+            args.num_heads,
+            args.num_kv_heads,
+            args.intermediate_size,
+            args.max_position_embeddings,
+            args.seed,
+        )
+    model.save_pretrained(init_dir)
+    save_tokenizer(tokenizer, init_dir)
+    return sum(p.numel() for p in model.parameters())
+
+
+def write_calculator_data(staging: Path, task, args) -> tuple[dict[str, Path], dict[str, Path], dict[str, int]]:
+    """RL rows (data/train, data/test), multi-turn SFT rows (sft/train, sft/val; the teacher calls
+    the tool with probability `tool_rate`) and tool_config.yaml under `staging`; disjoint problem
+    sets. Returns (RL paths, SFT paths, row counts)."""
+    import random
+
+    from verl.utils.dataset.toy_tasks import calculator_rl_row, calculator_sft_row, make_calculator_splits
+
+    train, test = make_calculator_splits(task, args.n_train, args.n_test, args.seed)
+    used = set(train) | set(test)
+    sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, "calc_sft_val", exclude=used)
+    sft_train = generate_addition_problems(
+        task, args.n_sft_train, args.seed, "calc_sft_train", exclude=used | set(sft_val)
     )
+    data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
+    for split, problems in (("train", train), ("test", test)):
+        write_parquet([calculator_rl_row(a, b, split, i) for i, (a, b) in enumerate(problems)], data_paths[split])
+    rng = random.Random(args.seed * 7919 + 29)  # one stream: train rows first, then val rows
+    sft_paths = {"sft_train": staging / "sft" / "train.parquet", "sft_val": staging / "sft" / "val.parquet"}
+    for split, problems in (("sft_train", sft_train), ("sft_val", sft_val)):
+        rows = [
+            calculator_sft_row(a, b, split, i, rng.random() < args.tool_rate, rng) for i, (a, b) in enumerate(problems)
+        ]
+        write_parquet(rows, sft_paths[split])
+    (staging / "tool_config.yaml").write_text(CALC_TOOL_CONFIG)
+    counts = {"n_train": len(train), "n_test": len(test), "n_sft_train": len(sft_train), "n_sft_val": len(sft_val)}
+    return data_paths, sft_paths, counts
+
+
+def evaluate_calculator_build(model_dir: str, test_path: str, tools: str, seed: int) -> dict:
+    """The build's evaluation on the test split: greedy and sampled agent-loop runs with the tool,
+    greedy without it, and the copy skill after a tool result."""
+    return {
+        "greedy": evaluate_calculator(model_dir, test_path, tools),
+        "sampled_t1": evaluate_calculator(model_dir, test_path, tools, do_sample=True, seed=seed),
+        "greedy_tool_disabled": evaluate_calculator(model_dir, test_path, None),
+        "copy_after_tool_result": evaluate_copy(model_dir, test_path),
+    }
+
+
+def main_calculator(argv=None) -> dict:
+    """Tokenizer with the tool role, warm-started model, RL + multi-turn SFT data, SFT warm-up on an
+    imperfect teacher (calls the tool in `tool_rate` of its demonstrations), evaluation."""
+    import tempfile
+
+    import torch
+
+    from verl.utils.dataset.toy_tasks import CalculatorTask
 
     args = parse_calculator_args(argv)
     torch.set_num_threads(args.threads)
@@ -761,79 +819,28 @@ def main_calculator(argv=None) -> dict:
         work = Path(tmp)
         staging = work / "out"
         tokenizer = build_calculator_tokenizer()
-        if args.init_from:
-            model = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
-            model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-        else:
-            model = build_model(
-                tokenizer,
-                args.hidden_size,
-                args.num_layers,
-                args.num_heads,
-                args.num_kv_heads,
-                args.intermediate_size,
-                args.max_position_embeddings,
-                args.seed,
-            )
-        n_params = sum(p.numel() for p in model.parameters())
-        init_dir = work / "init"
-        model.save_pretrained(init_dir)
-        save_tokenizer(tokenizer, init_dir)
-        del model
-        train, test = make_calculator_splits(task, args.n_train, args.n_test, args.seed)
-        used = set(train) | set(test)
-        sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, "calc_sft_val", exclude=used)
-        sft_train = generate_addition_problems(
-            task, args.n_sft_train, args.seed, "calc_sft_train", exclude=used | set(sft_val)
-        )
-        data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
-        write_parquet([calculator_rl_row(a, b, "train", i) for i, (a, b) in enumerate(train)], data_paths["train"])
-        write_parquet([calculator_rl_row(a, b, "test", i) for i, (a, b) in enumerate(test)], data_paths["test"])
-        rng = random.Random(args.seed * 7919 + 29)
-        sft_paths = {"sft_train": staging / "sft" / "train.parquet", "sft_val": staging / "sft" / "val.parquet"}
-        write_parquet(
-            [
-                calculator_sft_row(a, b, "sft_train", i, rng.random() < args.tool_rate, rng)
-                for i, (a, b) in enumerate(sft_train)
-            ],
-            sft_paths["sft_train"],
-        )
-        write_parquet(
-            [
-                calculator_sft_row(a, b, "sft_val", i, rng.random() < args.tool_rate, rng)
-                for i, (a, b) in enumerate(sft_val)
-            ],
-            sft_paths["sft_val"],
-        )
-        (staging / "tool_config.yaml").write_text(CALC_TOOL_CONFIG)
+        n_params = calculator_init(args, tokenizer, work / "init")
+        data_paths, sft_paths, counts = write_calculator_data(staging, task, args)
         t_sft = time.time()
         final_ckpt, sft_result = run_warmup(
-            init_dir, {k: str(v) for k, v in sft_paths.items()}, work, args, multiturn=True
+            work / "init", {k: str(v) for k, v in sft_paths.items()}, work, args, multiturn=True
         )
         sft_seconds = time.time() - t_sft
         shutil.copytree(final_ckpt, staging / "model")
         metrics = {}
         if not args.skip_eval:
-            tools = str(staging / "tool_config.yaml")
-            metrics = {
-                "greedy": evaluate_calculator(str(staging / "model"), str(data_paths["test"]), tools),
-                "sampled_t1": evaluate_calculator(
-                    str(staging / "model"), str(data_paths["test"]), tools, do_sample=True, seed=args.seed
-                ),
-                "greedy_tool_disabled": evaluate_calculator(str(staging / "model"), str(data_paths["test"]), None),
-                "copy_after_tool_result": evaluate_copy(str(staging / "model"), str(data_paths["test"])),
-            }
+            metrics = evaluate_calculator_build(
+                str(staging / "model"), str(data_paths["test"]), str(staging / "tool_config.yaml"), args.seed
+            )
         stages.append(_stage_record(stages, vars(args), metrics))
         history = sft_result["history"]
+        init_name = _repo_relative(args.init_from) if args.init_from else ""
         info = {
             "task": {
                 "data_source": "verl_toy/calculator",
                 "a_digits": args.a_digits,
                 "b_digits": args.b_digits,
-                "n_train": len(train),
-                "n_test": len(test),
-                "n_sft_train": len(sft_train),
-                "n_sft_val": len(sft_val),
+                **counts,
                 "tool_rate": args.tool_rate,
                 "format": "verl_toy",
             },
@@ -841,7 +848,7 @@ def main_calculator(argv=None) -> dict:
                 "architecture": "LlamaForCausalLM",
                 "parameters": n_params,
                 "vocab_size": len(tokenizer),
-                "init_from": _repo_relative(args.init_from) if args.init_from else "random",
+                "init_from": init_name or "random",
             },
             "sft": {
                 "steps": args.sft_steps,
@@ -858,8 +865,7 @@ def main_calculator(argv=None) -> dict:
                 "each stage is `scripts/build_embedded_default.py --task calculator --init_from <the previous "
                 "stage's model>` with the data of this build (seed 0); the shipped model is the last stage"
             ),
-            "build_args": vars(args)
-            | {"output_dir": None, "init_from": _repo_relative(args.init_from) if args.init_from else ""},
+            "build_args": vars(args) | {"output_dir": None, "init_from": init_name},
             "torch": torch.__version__,
         }
         if out.exists():
