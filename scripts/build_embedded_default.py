@@ -209,6 +209,18 @@ def write_parquet(rows: list[dict], path: str | os.PathLike) -> None:
 # ----------------------------------------------------------------------------------------------------
 # 4. warm-up (SFT) with an imperfect teacher
 # ----------------------------------------------------------------------------------------------------
+def draw_problem_sets(task, args, make_splits, prefix: str = "") -> tuple[list, list, list, list]:
+    """Disjoint (train, test, sft_train, sft_val) problem lists: RL splits from `make_splits`, then
+    SFT problems that avoid them (streams named `<prefix>sft_val` / `<prefix>sft_train`)."""
+    train, test = make_splits(task, args.n_train, args.n_test, args.seed)
+    used = set(train) | set(test)
+    sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, f"{prefix}sft_val", exclude=used)
+    sft_train = generate_addition_problems(
+        task, args.n_sft_train, args.seed, f"{prefix}sft_train", exclude=used | set(sft_val)
+    )
+    return train, test, sft_train, sft_val
+
+
 def write_sft_data(
     out_dir: Path,
     task: AdditionTask,
@@ -453,12 +465,7 @@ def main(argv=None) -> dict:
         model.save_pretrained(init_dir)
         save_tokenizer(tokenizer, init_dir)
         del model
-        train, test = make_addition_splits(task, args.n_train, args.n_test, args.seed)
-        used = set(train) | set(test)
-        sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, "sft_val", exclude=used)
-        sft_train = generate_addition_problems(
-            task, args.n_sft_train, args.seed, "sft_train", exclude=used | set(sft_val)
-        )
+        train, test, sft_train, sft_val = draw_problem_sets(task, args, make_addition_splits)
         data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
         write_parquet([addition_rl_row(a, b, "train", i) for i, (a, b) in enumerate(train)], data_paths["train"])
         write_parquet([addition_rl_row(a, b, "test", i) for i, (a, b) in enumerate(test)], data_paths["test"])
@@ -745,16 +752,15 @@ def calculator_init(args, tokenizer, init_dir: Path) -> int:
         model = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     else:
-        model = build_model(
-            tokenizer,
-            args.hidden_size,
-            args.num_layers,
-            args.num_heads,
-            args.num_kv_heads,
-            args.intermediate_size,
-            args.max_position_embeddings,
-            args.seed,
+        shape = (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_position_embeddings",
         )
+        model = build_model(tokenizer, **{k: getattr(args, k) for k in (*shape, "seed")})
     model.save_pretrained(init_dir)
     save_tokenizer(tokenizer, init_dir)
     return sum(p.numel() for p in model.parameters())
@@ -768,12 +774,7 @@ def write_calculator_data(staging: Path, task, args) -> tuple[dict[str, Path], d
 
     from verl.utils.dataset.toy_tasks import calculator_rl_row, calculator_sft_row, make_calculator_splits
 
-    train, test = make_calculator_splits(task, args.n_train, args.n_test, args.seed)
-    used = set(train) | set(test)
-    sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, "calc_sft_val", exclude=used)
-    sft_train = generate_addition_problems(
-        task, args.n_sft_train, args.seed, "calc_sft_train", exclude=used | set(sft_val)
-    )
+    train, test, sft_train, sft_val = draw_problem_sets(task, args, make_calculator_splits, prefix="calc_")
     data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
     for split, problems in (("train", train), ("test", test)):
         write_parquet([calculator_rl_row(a, b, split, i) for i, (a, b) in enumerate(problems)], data_paths[split])
