@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-turn tool use (agent loop): GRPO on the embedded calculator task. A tiny model, warmed up by
-# SFT on a teacher who calls the `calculator` tool in a quarter of its demonstrations, learns to call
-# it on every 3-digit x 2-digit product (tool_agent loop, verl_toy call format). CPU is fine.
+# SFT on a teacher who calls the `calculator` tool in 30% of its demonstrations, learns to call
+# it on every 3-digit x 2-digit product (tool_agent loop, verl_toy call format). CPU is fine:
+# greedy accuracy 0% -> >= 90% within 12 steps (docs/agent_loop.md); with the tool disabled it stays 0%.
 #
 #   bash recipes/tool_agent.sh                                     # learns in a few minutes
 #   bash recipes/tool_agent.sh actor_rollout_ref.rollout.multi_turn.tool_config_path=null   # tool disabled

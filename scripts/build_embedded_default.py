@@ -209,6 +209,18 @@ def write_parquet(rows: list[dict], path: str | os.PathLike) -> None:
 # ----------------------------------------------------------------------------------------------------
 # 4. warm-up (SFT) with an imperfect teacher
 # ----------------------------------------------------------------------------------------------------
+def draw_problem_sets(task, args, make_splits, prefix: str = "") -> tuple[list, list, list, list]:
+    """Disjoint (train, test, sft_train, sft_val) problem lists: RL splits from `make_splits`, then
+    SFT problems that avoid them (streams named `<prefix>sft_val` / `<prefix>sft_train`)."""
+    train, test = make_splits(task, args.n_train, args.n_test, args.seed)
+    used = set(train) | set(test)
+    sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, f"{prefix}sft_val", exclude=used)
+    sft_train = generate_addition_problems(
+        task, args.n_sft_train, args.seed, f"{prefix}sft_train", exclude=used | set(sft_val)
+    )
+    return train, test, sft_train, sft_val
+
+
 def write_sft_data(
     out_dir: Path,
     task: AdditionTask,
@@ -453,12 +465,7 @@ def main(argv=None) -> dict:
         model.save_pretrained(init_dir)
         save_tokenizer(tokenizer, init_dir)
         del model
-        train, test = make_addition_splits(task, args.n_train, args.n_test, args.seed)
-        used = set(train) | set(test)
-        sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, "sft_val", exclude=used)
-        sft_train = generate_addition_problems(
-            task, args.n_sft_train, args.seed, "sft_train", exclude=used | set(sft_val)
-        )
+        train, test, sft_train, sft_val = draw_problem_sets(task, args, make_addition_splits)
         data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
         write_parquet([addition_rl_row(a, b, "train", i) for i, (a, b) in enumerate(train)], data_paths["train"])
         write_parquet([addition_rl_row(a, b, "test", i) for i, (a, b) in enumerate(test)], data_paths["test"])
@@ -646,102 +653,195 @@ def evaluate_calculator(
     }
 
 
-def main_calculator(argv=None) -> dict:
-    """Tokenizer with the tool role, warm-started model, RL + multi-turn SFT data, SFT warm-up on an
-    imperfect teacher (calls the tool in `tool_rate` of its demonstrations), evaluation."""
-    import random
-    import tempfile
+def greedy_continuations(model, tok, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
+    """Greedy continuation texts of left-padded prompts in one batch (special tokens skipped)."""
+    import torch
 
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    kw = {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id}
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, **kw)
+    return tok.batch_decode(out[:, width:], skip_special_tokens=True)
+
+
+def evaluate_copy(model_dir: str, test_path: str) -> dict:
+    """Greedy accuracy of the answer turn when the conversation already holds the tool call and its
+    result (``<|tool|>29495<|end|><|assistant|>`` -> ``=29495``): the copy skill that caps what RL
+    can reach once the policy always calls the tool. Also the wrong-digit count per position."""
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl.utils.dataset.toy_tasks import CalculatorTask
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    pairs = [(r["extra_info"]["a"], r["extra_info"]["b"]) for r in pq.read_table(test_path).to_pylist()]
+    prompts = [
+        tok.apply_chat_template(
+            [
+                {"role": "user", "content": CalculatorTask.question(a, b)},
+                {"role": "assistant", "content": CalculatorTask.tool_call(a, b)},
+                {"role": "tool", "content": CalculatorTask.answer(a, b)},
+            ],
+            add_generation_prompt=True,
+            tokenize=True,
+        )["input_ids"]
+        for a, b in pairs
+    ]
+    texts = greedy_continuations(model, tok, prompts, max_new_tokens=10)
+    truths = [CalculatorTask.final(a, b) for a, b in pairs]
+    n = max(map(len, truths))
+    wrong = [
+        sum(len(t) <= i or t[i] != g[i] for t, g in zip(texts, truths, strict=True) if i < len(g)) for i in range(n)
+    ]
+    return {
+        "n_prompts": len(pairs),
+        "copy_accuracy": sum(t == g for t, g in zip(texts, truths, strict=True)) / len(pairs),
+        "wrong_chars_per_position": wrong,
+    }
+
+
+def previous_stages(init_from: str, depth: int = 0) -> list:
+    """The SFT stages that produced `init_from` (a calculator build's model/), read from the
+    build_info.json next to it: its `sft_stages`, or, for a build that did not record them, its
+    own stage (from its build_args) after the stages of the model it started from. [] for any
+    other start (the addition model, a random init)."""
+    info = Path(init_from).parent / "build_info.json" if init_from else None
+    if depth > 16 or not info or not info.is_file():
+        return []
+    prev = json.loads(info.read_text())
+    if prev.get("task", {}).get("data_source") != "verl_toy/calculator":
+        return []
+    if "sft_stages" in prev:  # without the header line of older records
+        return [st for st in prev["sft_stages"] if isinstance(st, dict) or str(st)[:1].isdigit()]
+    args = prev.get("build_args", {})
+    parent = args.get("init_from") or ""
+    if parent and not Path(parent).is_absolute():
+        parent = str(REPO_ROOT / parent)
+    stages = previous_stages(parent, depth + 1)
+    stages.append(_stage_record(stages, args, prev.get("eval_test_split", {})))
+    return stages
+
+
+def _stage_record(stages: list, args: dict, metrics: dict) -> dict:
+    """One stage of the chain: where it started, its SFT settings, its copy accuracy."""
+    init = args.get("init_from") or "random"
+    return {
+        # earlier stages may be recorded as text ("1: ...") after a header line
+        "stage": 1 + sum(isinstance(st, dict) or str(st)[:1].isdigit() for st in stages),
+        "init_from": _repo_relative(init) if init != "random" else init,
+        "sft_steps": args.get("sft_steps"),
+        "sft_lr": args.get("sft_lr"),
+        "tool_rate": args.get("tool_rate"),
+        "seed": args.get("seed"),
+        "copy_accuracy": metrics.get("copy_after_tool_result", {}).get("copy_accuracy"),
+        "greedy_accuracy_with_tool": metrics.get("greedy", {}).get("accuracy"),
+    }
+
+
+def calculator_init(args, tokenizer, init_dir: Path) -> int:
+    """Save the starting weights (`--init_from` with its embeddings grown to the tokenizer, or a
+    random init) and the tokenizer to `init_dir`; returns the parameter count."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from verl.utils.dataset.toy_tasks import (
-        CalculatorTask,
-        calculator_rl_row,
-        calculator_sft_row,
-        make_calculator_splits,
-    )
+    if args.init_from:
+        model = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    else:
+        shape = (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        )
+        model = build_model(tokenizer, **{k: getattr(args, k) for k in (*shape, "seed")})
+    model.save_pretrained(init_dir)
+    save_tokenizer(tokenizer, init_dir)
+    return sum(p.numel() for p in model.parameters())
+
+
+def write_calculator_data(staging: Path, task, args) -> tuple[dict[str, Path], dict[str, Path], dict[str, int]]:
+    """RL rows (data/train, data/test), multi-turn SFT rows (sft/train, sft/val; the teacher calls
+    the tool with probability `tool_rate`) and tool_config.yaml under `staging`; disjoint problem
+    sets. Returns (RL paths, SFT paths, row counts)."""
+    import random
+
+    from verl.utils.dataset.toy_tasks import calculator_rl_row, calculator_sft_row, make_calculator_splits
+
+    train, test, sft_train, sft_val = draw_problem_sets(task, args, make_calculator_splits, prefix="calc_")
+    data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
+    for split, problems in (("train", train), ("test", test)):
+        write_parquet([calculator_rl_row(a, b, split, i) for i, (a, b) in enumerate(problems)], data_paths[split])
+    rng = random.Random(args.seed * 7919 + 29)  # one stream: train rows first, then val rows
+    sft_paths = {"sft_train": staging / "sft" / "train.parquet", "sft_val": staging / "sft" / "val.parquet"}
+    for split, problems in (("sft_train", sft_train), ("sft_val", sft_val)):
+        rows = [
+            calculator_sft_row(a, b, split, i, rng.random() < args.tool_rate, rng) for i, (a, b) in enumerate(problems)
+        ]
+        write_parquet(rows, sft_paths[split])
+    (staging / "tool_config.yaml").write_text(CALC_TOOL_CONFIG)
+    counts = {"n_train": len(train), "n_test": len(test), "n_sft_train": len(sft_train), "n_sft_val": len(sft_val)}
+    return data_paths, sft_paths, counts
+
+
+def evaluate_calculator_build(model_dir: str, test_path: str, tools: str, seed: int) -> dict:
+    """The build's evaluation on the test split: greedy and sampled agent-loop runs with the tool,
+    greedy without it, and the copy skill after a tool result."""
+    return {
+        "greedy": evaluate_calculator(model_dir, test_path, tools),
+        "sampled_t1": evaluate_calculator(model_dir, test_path, tools, do_sample=True, seed=seed),
+        "greedy_tool_disabled": evaluate_calculator(model_dir, test_path, None),
+        "copy_after_tool_result": evaluate_copy(model_dir, test_path),
+    }
+
+
+def main_calculator(argv=None) -> dict:
+    """Tokenizer with the tool role, warm-started model, RL + multi-turn SFT data, SFT warm-up on an
+    imperfect teacher (calls the tool in `tool_rate` of its demonstrations), evaluation."""
+    import tempfile
+
+    import torch
+
+    from verl.utils.dataset.toy_tasks import CalculatorTask
 
     args = parse_calculator_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.output_dir).resolve()
     task = CalculatorTask(args.a_digits, args.b_digits)
+    stages = previous_stages(args.init_from)  # read before the output (maybe init_from's) is replaced
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="verl_calc_build_") as tmp:
         work = Path(tmp)
         staging = work / "out"
         tokenizer = build_calculator_tokenizer()
-        if args.init_from:
-            model = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
-            model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-        else:
-            model = build_model(
-                tokenizer,
-                args.hidden_size,
-                args.num_layers,
-                args.num_heads,
-                args.num_kv_heads,
-                args.intermediate_size,
-                args.max_position_embeddings,
-                args.seed,
-            )
-        n_params = sum(p.numel() for p in model.parameters())
-        init_dir = work / "init"
-        model.save_pretrained(init_dir)
-        save_tokenizer(tokenizer, init_dir)
-        del model
-        train, test = make_calculator_splits(task, args.n_train, args.n_test, args.seed)
-        used = set(train) | set(test)
-        sft_val = generate_addition_problems(task, args.n_sft_val, args.seed, "calc_sft_val", exclude=used)
-        sft_train = generate_addition_problems(
-            task, args.n_sft_train, args.seed, "calc_sft_train", exclude=used | set(sft_val)
-        )
-        data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
-        write_parquet([calculator_rl_row(a, b, "train", i) for i, (a, b) in enumerate(train)], data_paths["train"])
-        write_parquet([calculator_rl_row(a, b, "test", i) for i, (a, b) in enumerate(test)], data_paths["test"])
-        rng = random.Random(args.seed * 7919 + 29)
-        sft_paths = {"sft_train": staging / "sft" / "train.parquet", "sft_val": staging / "sft" / "val.parquet"}
-        write_parquet(
-            [
-                calculator_sft_row(a, b, "sft_train", i, rng.random() < args.tool_rate, rng)
-                for i, (a, b) in enumerate(sft_train)
-            ],
-            sft_paths["sft_train"],
-        )
-        write_parquet(
-            [
-                calculator_sft_row(a, b, "sft_val", i, rng.random() < args.tool_rate, rng)
-                for i, (a, b) in enumerate(sft_val)
-            ],
-            sft_paths["sft_val"],
-        )
-        (staging / "tool_config.yaml").write_text(CALC_TOOL_CONFIG)
+        n_params = calculator_init(args, tokenizer, work / "init")
+        data_paths, sft_paths, counts = write_calculator_data(staging, task, args)
         t_sft = time.time()
         final_ckpt, sft_result = run_warmup(
-            init_dir, {k: str(v) for k, v in sft_paths.items()}, work, args, multiturn=True
+            work / "init", {k: str(v) for k, v in sft_paths.items()}, work, args, multiturn=True
         )
         sft_seconds = time.time() - t_sft
         shutil.copytree(final_ckpt, staging / "model")
         metrics = {}
         if not args.skip_eval:
-            tools = str(staging / "tool_config.yaml")
-            metrics = {
-                "greedy": evaluate_calculator(str(staging / "model"), str(data_paths["test"]), tools),
-                "sampled_t1": evaluate_calculator(
-                    str(staging / "model"), str(data_paths["test"]), tools, do_sample=True, seed=args.seed
-                ),
-                "greedy_tool_disabled": evaluate_calculator(str(staging / "model"), str(data_paths["test"]), None),
-            }
+            metrics = evaluate_calculator_build(
+                str(staging / "model"), str(data_paths["test"]), str(staging / "tool_config.yaml"), args.seed
+            )
+        stages.append(_stage_record(stages, vars(args), metrics))
         history = sft_result["history"]
+        init_name = _repo_relative(args.init_from) if args.init_from else ""
         info = {
             "task": {
                 "data_source": "verl_toy/calculator",
                 "a_digits": args.a_digits,
                 "b_digits": args.b_digits,
-                "n_train": len(train),
-                "n_test": len(test),
-                "n_sft_train": len(sft_train),
-                "n_sft_val": len(sft_val),
+                **counts,
                 "tool_rate": args.tool_rate,
                 "format": "verl_toy",
             },
@@ -749,7 +849,7 @@ def main_calculator(argv=None) -> dict:
                 "architecture": "LlamaForCausalLM",
                 "parameters": n_params,
                 "vocab_size": len(tokenizer),
-                "init_from": _repo_relative(args.init_from) if args.init_from else "random",
+                "init_from": init_name or "random",
             },
             "sft": {
                 "steps": args.sft_steps,
@@ -761,8 +861,12 @@ def main_calculator(argv=None) -> dict:
                 "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
             },
             "eval_test_split": metrics,
-            "build_args": vars(args)
-            | {"output_dir": None, "init_from": _repo_relative(args.init_from) if args.init_from else ""},
+            "sft_stages": stages,
+            "sft_stages_note": (
+                "each stage is `scripts/build_embedded_default.py --task calculator --init_from <the previous "
+                "stage's model>` with the data of this build (seed 0); the shipped model is the last stage"
+            ),
+            "build_args": vars(args) | {"output_dir": None, "init_from": init_name},
             "torch": torch.__version__,
         }
         if out.exists():

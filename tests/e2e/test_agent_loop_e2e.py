@@ -1,7 +1,8 @@
 """The calculator task through `run_ppo` (the code path of `python -m verl.trainer.main_ppo`): a
-short version of recipes/tool_agent.sh. Greedy validation before and after a few GRPO steps:
-the tool-call rate and the accuracy must rise; the agent metrics and the per-sample trace are
-written."""
+short version of recipes/tool_agent.sh. Greedy validation before and after 12 GRPO steps: the
+warm start never calls the tool (accuracy 0), after 12 steps it calls it on (nearly) every
+question and answers most of them (the full recipe: 98% at step 12, 100% from step 16, see
+docs/agent_loop.md); the agent metrics and the per-sample trace are written."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from verl.trainer.main_ppo import load_default_config, run_ppo
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-STEPS = int(os.environ.get("VERL_TOOL_AGENT_CI_STEPS", "8"))
+STEPS = int(os.environ.get("VERL_TOOL_AGENT_CI_STEPS", "12"))
 
 
 def _overrides(calc: str, run_dir, extra=()):
@@ -66,8 +67,8 @@ def test_calculator_task_learns_to_call_the_tool(ray_session, tmp_path):
     rate = "val-aux/agent/tool_call_rate"
     first, last = metrics[0], metrics[STEPS]
     assert first[acc] <= 0.3 and first[rate] <= 0.3
-    assert last[rate] > first[rate] + 0.3, (first[rate], last[rate])
-    assert last[acc] > first[acc] + 0.3, (first[acc], last[acc])
+    assert last[rate] >= 0.9, (first[rate], last[rate])
+    assert last[acc] >= 0.8, (first[acc], last[acc])
     for key in (
         "num_turns/mean",
         "num_turns/max",

@@ -101,3 +101,42 @@ def test_verl_toy_format_round_trip_and_tool():
         assert resp.text == str(a * b) and not m["error"]
     resp, _, m = asyncio.run(tool.execute("i", {}))
     assert m["error"] and "missing required argument" in resp.text
+
+
+def test_shipped_calculator_build_info_matches_a_fresh_copy_measurement():
+    """The warm start's copy skill (answer turn after the tool result) recorded in build_info.json
+    is what the shipped weights do now; the policy never calls the tool greedily before RL."""
+    from verl.utils.embedded_default import calculator_dir
+
+    calc = calculator_dir()
+    info = json.loads(open(f"{calc}/build_info.json").read())
+    fresh = load_build_script().evaluate_copy(f"{calc}/model", f"{calc}/data/test.parquet")
+    assert fresh == info["eval_test_split"]["copy_after_tool_result"]
+    assert info["eval_test_split"]["greedy"]["tool_call_rate"] <= 0.3  # RL has something to learn
+    assert info["task"]["tool_rate"] < 0.5  # the teacher calls the tool in a minority of demonstrations
+    assert info["sft_stages"][-1]["copy_accuracy"] == fresh["copy_accuracy"]
+
+
+def test_previous_stages_follow_the_init_chain(tmp_path):
+    """A build started from an earlier calculator build records the earlier stages, also when that
+    build wrote none (its own stage is rebuilt from its build_args), then its own."""
+    build = load_build_script()
+
+    def write(name, **info):
+        (tmp_path / name / "model").mkdir(parents=True)
+        (tmp_path / name / "build_info.json").write_text(json.dumps(info))
+        return str(tmp_path / name / "model")
+
+    calc = {"data_source": "verl_toy/calculator"}
+    a = write("a", task=calc, sft_stages=["header line", "1: first stage"])
+    b = write(
+        "b",
+        task=calc,
+        build_args={"init_from": a, "sft_steps": 600, "sft_lr": 1e-3, "tool_rate": 0.3, "seed": 0},
+        eval_test_split={"copy_after_tool_result": {"copy_accuracy": 0.9}, "greedy": {"accuracy": 0.0}},
+    )
+    stages = build.previous_stages(b)
+    assert stages[0] == "1: first stage" and len(stages) == 2  # the header line is dropped
+    assert stages[1]["stage"] == 2 and stages[1]["sft_steps"] == 600 and stages[1]["copy_accuracy"] == 0.9
+    assert build.previous_stages(write("c", task={"data_source": "verl_toy/addition"})) == []
+    assert build.previous_stages("") == [] and build.previous_stages(str(tmp_path / "none" / "model")) == []

@@ -290,87 +290,116 @@ class AgentLoopWorker:
         return self.postprocess(outputs, elapsed)
 
     def postprocess(self, outputs: list[AgentLoopOutput], elapsed: float = 0.0):
+        """Pad the loops' outputs into the batch layout of docs/agent_loop.md (prompts left-padded to
+        `rollout.prompt_length`, responses right-padded to `rollout.response_length`)."""
         from verl.protocol import DataProto
 
         cfg = self.rollout_config
         P, R = int(cfg.prompt_length), int(cfg.response_length)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        b = len(outputs)
-        prompts = torch.full((b, P), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((b, P), dtype=torch.long)
-        responses = torch.full((b, R), pad, dtype=torch.long)
-        resp_attn = torch.zeros((b, R), dtype=torch.long)
-        resp_mask = torch.zeros((b, R), dtype=torch.long)
-        logprobs = torch.zeros((b, R), dtype=torch.float32)
-        turn_ids = torch.full((b, R), -1, dtype=torch.long)
-        step_end = torch.zeros((b, R), dtype=torch.long)
-        num_turns = np.empty(b, dtype=object)
-        traces = np.empty(b, dtype=object)
         for i, o in enumerate(outputs):
-            if len(o.prompt_ids) > P:
-                raise ValueError(
-                    f"agent loop prompt of {len(o.prompt_ids)} tokens (chat template with tools) exceeds "
-                    f"actor_rollout_ref.rollout.prompt_length={P}; raise data.max_prompt_length"
-                )
-            n = len(o.response_ids)
-            if (
-                n > R
-                or len(o.response_mask) != n
-                or (o.response_logprobs is not None and len(o.response_logprobs) != n)
-            ):
-                raise ValueError(
-                    f"agent loop output {i}: {n} response ids (limit rollout.response_length={R}), "
-                    f"{len(o.response_mask)} mask entries, "
-                    f"{None if o.response_logprobs is None else len(o.response_logprobs)} log-probs"
-                )
-            if o.prompt_ids:
-                prompts[i, P - len(o.prompt_ids) :] = torch.tensor(o.prompt_ids, dtype=torch.long)
-                prompt_mask[i, P - len(o.prompt_ids) :] = 1
-            if n:
-                responses[i, :n] = torch.tensor(o.response_ids, dtype=torch.long)
-                resp_attn[i, :n] = 1
-                resp_mask[i, :n] = torch.tensor(o.response_mask, dtype=torch.long)
-                if o.response_logprobs is not None:
-                    logprobs[i, :n] = torch.tensor(o.response_logprobs, dtype=torch.float32)
-                tid, ends = derive_turns(list(o.response_mask))
-                tid = o.extra_fields.get("turn_ids", tid)
-                ends = o.extra_fields.get("step_end_mask", ends)
-                turn_ids[i, :n] = torch.tensor(tid, dtype=torch.long)
-                step_end[i, :n] = torch.tensor(ends, dtype=torch.long)
-            logprobs[i] = logprobs[i] * resp_mask[i]
-            num_turns[i] = int(o.num_turns)
-            traces[i] = o.extra_fields.get("trace")
-        attention = torch.cat([prompt_mask, resp_attn], dim=1)
-        position = (attention.cumsum(-1) - 1).clamp(min=0) * attention
+            check_output(i, o, P, R)
+        t = pad_outputs(outputs, P, R, pad)
+        attention = torch.cat([t.pop("prompt_mask"), t.pop("response_attention")], dim=1)
         tensors = {
-            "prompts": prompts,
-            "responses": responses,
-            "response_mask": resp_mask,
-            "input_ids": torch.cat([prompts, responses], dim=1),
+            "prompts": t["prompts"],
+            "responses": t["responses"],
+            "response_mask": t["response_mask"],
+            "input_ids": torch.cat([t["prompts"], t["responses"]], dim=1),
             "attention_mask": attention,
-            "position_ids": position,
-            "turn_ids": turn_ids,
-            "step_end_mask": step_end,
+            "position_ids": (attention.cumsum(-1) - 1).clamp(min=0) * attention,
+            "turn_ids": t["turn_ids"],
+            "step_end_mask": t["step_end_mask"],
         }
         if cfg.calculate_log_probs:
-            tensors["rollout_log_probs"] = logprobs
-        non_tensors = {"__num_turns__": num_turns, "agent_trace": traces}
-        scored = [o.reward_score is not None for o in outputs]
-        if any(scored) and not all(scored):
-            raise ValueError(
-                f"{sum(scored)} of {b} agent loop outputs carry a reward_score and the others do not; the batch's "
-                "rm_scores would silently replace the rule reward of the unscored ones: score all or none"
-            )
-        if any(scored):
-            rm = torch.zeros((b, R), dtype=torch.float32)
-            for i, o in enumerate(outputs):
-                if o.reward_score is not None:
-                    last = int(resp_mask[i].nonzero().max()) if resp_mask[i].any() else 0
-                    rm[i, last] = float(o.reward_score)
+            tensors["rollout_log_probs"] = t["rollout_log_probs"]
+        rm = reward_scores(outputs, t["response_mask"])
+        if rm is not None:
             tensors["rm_scores"] = rm
+        non_tensors = {
+            "__num_turns__": np.empty(len(outputs), dtype=object),
+            "agent_trace": np.empty(len(outputs), dtype=object),
+        }
+        for i, o in enumerate(outputs):
+            non_tensors["__num_turns__"][i] = int(o.num_turns)
+            non_tensors["agent_trace"][i] = o.extra_fields.get("trace")
         out = DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
         out.meta_info["metrics"] = agent_metrics(outputs, elapsed)
         return out
+
+
+def check_output(i: int, o: AgentLoopOutput, prompt_length: int, response_length: int) -> None:
+    """Fail on an output that does not fit the batch widths or whose per-token lists disagree."""
+    if len(o.prompt_ids) > prompt_length:
+        raise ValueError(
+            f"agent loop prompt of {len(o.prompt_ids)} tokens (chat template with tools) exceeds "
+            f"actor_rollout_ref.rollout.prompt_length={prompt_length}; raise data.max_prompt_length"
+        )
+    n = len(o.response_ids)
+    if (
+        n > response_length
+        or len(o.response_mask) != n
+        or (o.response_logprobs is not None and len(o.response_logprobs) != n)
+    ):
+        raise ValueError(
+            f"agent loop output {i}: {n} response ids (limit rollout.response_length={response_length}), "
+            f"{len(o.response_mask)} mask entries, "
+            f"{None if o.response_logprobs is None else len(o.response_logprobs)} log-probs"
+        )
+
+
+def pad_outputs(outputs: list[AgentLoopOutput], P: int, R: int, pad: int) -> dict[str, torch.Tensor]:
+    """Per-token tensors of b outputs: `prompts` / `prompt_mask` [b, P] (left-padded); `responses`,
+    `response_attention` (1 on every real token), `response_mask` (1 on generated tokens),
+    `rollout_log_probs` (0 off the mask), `turn_ids` (-1 off turns), `step_end_mask` [b, R]
+    (right-padded). `turn_ids` / `step_end_mask` come from the mask unless a loop's extra_fields
+    give them."""
+    b = len(outputs)
+    t = {
+        "prompts": torch.full((b, P), pad, dtype=torch.long),
+        "prompt_mask": torch.zeros((b, P), dtype=torch.long),
+        "responses": torch.full((b, R), pad, dtype=torch.long),
+        "response_attention": torch.zeros((b, R), dtype=torch.long),
+        "response_mask": torch.zeros((b, R), dtype=torch.long),
+        "rollout_log_probs": torch.zeros((b, R), dtype=torch.float32),
+        "turn_ids": torch.full((b, R), -1, dtype=torch.long),
+        "step_end_mask": torch.zeros((b, R), dtype=torch.long),
+    }
+    for i, o in enumerate(outputs):
+        if o.prompt_ids:
+            t["prompts"][i, P - len(o.prompt_ids) :] = torch.tensor(o.prompt_ids, dtype=torch.long)
+            t["prompt_mask"][i, P - len(o.prompt_ids) :] = 1
+        n = len(o.response_ids)
+        if not n:
+            continue
+        t["responses"][i, :n] = torch.tensor(o.response_ids, dtype=torch.long)
+        t["response_attention"][i, :n] = 1
+        t["response_mask"][i, :n] = torch.tensor(o.response_mask, dtype=torch.long)
+        if o.response_logprobs is not None:
+            t["rollout_log_probs"][i, :n] = torch.tensor(o.response_logprobs, dtype=torch.float32)
+        tid, ends = derive_turns(list(o.response_mask))
+        t["turn_ids"][i, :n] = torch.tensor(o.extra_fields.get("turn_ids", tid), dtype=torch.long)
+        t["step_end_mask"][i, :n] = torch.tensor(o.extra_fields.get("step_end_mask", ends), dtype=torch.long)
+    t["rollout_log_probs"] *= t["response_mask"]
+    return t
+
+
+def reward_scores(outputs: list[AgentLoopOutput], response_mask: torch.Tensor) -> torch.Tensor | None:
+    """`rm_scores` [b, R]: each loop's `reward_score` on its last generated token; None when no loop
+    scores. A batch with some scored and some unscored outputs is an error."""
+    scored = [o.reward_score is not None for o in outputs]
+    if not any(scored):
+        return None
+    if not all(scored):
+        raise ValueError(
+            f"{sum(scored)} of {len(outputs)} agent loop outputs carry a reward_score and the others do not; the "
+            "batch's rm_scores would silently replace the rule reward of the unscored ones: score all or none"
+        )
+    rm = torch.zeros(response_mask.shape, dtype=torch.float32)
+    for i, o in enumerate(outputs):
+        last = int(response_mask[i].nonzero().max()) if response_mask[i].any() else 0
+        rm[i, last] = float(o.reward_score)
+    return rm
 
 
 def agent_metrics(outputs: list[AgentLoopOutput], elapsed: float = 0.0) -> dict[str, float]:

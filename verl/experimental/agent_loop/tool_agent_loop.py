@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import (
@@ -36,7 +37,7 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
-__all__ = ["ToolAgentLoop", "truncate_text"]
+__all__ = ["ToolAgentLoop", "Trajectory", "truncate_text"]
 
 TRUNCATE_SIDES = ("left", "right", "middle")
 TRUNCATION_MARK = "...(truncated)..."
@@ -56,124 +57,160 @@ def truncate_text(text: str, limit: int, side: str) -> str:
     return text[:head] + TRUNCATION_MARK + text[len(text) - (limit - head) :]
 
 
+@dataclass
+class Trajectory:
+    """The state of one `tool_agent` trajectory while it runs.
+
+    `response_ids` / `response_mask` / `logprobs` grow together (one entry per token: generated
+    ids have mask 1 and the sampler's log-prob, observation ids mask 0 and log-prob 0);
+    `messages` is the conversation so far; `stop` is None while the trajectory goes on, then the
+    reason it ended (`answer`, `length_budget`, `max_assistant_turns`, `max_user_turns`).
+    """
+
+    messages: list[dict]
+    prompt_ids: list[int]
+    tools_kwargs: dict
+    request_id: str = field(default_factory=new_request_id)
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    assistant_turns: int = 0
+    user_turns: int = 0
+    n_calls: int = 0
+    n_errors: int = 0
+    latencies: list[float] = field(default_factory=list)
+    gen_s: float = 0.0
+    tool_s: float = 0.0
+    instances: dict[str, str] = field(default_factory=dict)  # tool name -> instance id
+    cut: bool = False
+    ended_with_eos: bool = True
+    last_generated: list[int] | None = None
+    turns: list[dict] = field(default_factory=list)
+    stop: str | None = None
+
+    def append(self, ids: list[int], generated: bool, logprobs: list[float] | None = None) -> None:
+        self.response_ids += ids
+        self.response_mask += [int(generated)] * len(ids)
+        self.logprobs += [float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids)
+
+    def end(self, reason: str, cut: bool = False) -> None:
+        self.stop = reason
+        self.cut = self.cut or cut
+
+
 @register("tool_agent")
 class ToolAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
-        mt = self.rollout_config.multi_turn
-        budget = int(self.rollout_config.response_length)
         raw = kwargs.get("raw_prompt")
         if raw is None:
             raise KeyError("tool_agent needs the chat messages of each sample: set data.return_raw_chat=True")
         messages = [dict(m) for m in raw]
-        tools_kwargs = kwargs.get("tools_kwargs") or {}
-        prompt_ids = self.renderer.prompt_ids(messages)
-        response_ids: list[int] = []
-        response_mask: list[int] = []
-        logprobs: list[float] = []
-        assistant_turns = user_turns = 0
-        trace = {"turns": [], "stop": None}
-        n_calls = n_errors = 0
-        latencies: list[float] = []
-        gen_s = tool_s = 0.0
-        instances: dict[str, str] = {}
-        cut = False
-        ended_with_eos = True
-        last_generated: list[int] | None = None
-        request_id = new_request_id()
+        traj = Trajectory(messages, self.renderer.prompt_ids(messages), kwargs.get("tools_kwargs") or {})
         try:
-            while True:
-                left = budget - len(response_ids)
-                if left <= 0:
-                    cut, trace["stop"] = True, "length_budget"
-                    break
-                t0 = time.perf_counter()
-                out = await self.server_manager.generate(
-                    request_id,
-                    prompt_ids=prompt_ids + response_ids,
-                    sampling_params={**sampling_params, "max_tokens": left},
-                )
-                gen_s += time.perf_counter() - t0
-                ids = list(out.token_ids)
-                response_ids += ids
-                response_mask += [1] * len(ids)
-                logprobs += [float(x) for x in out.log_probs]
-                assistant_turns += 1
-                last_generated = ids
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                messages.append({"role": "assistant", "content": text})
-                turn = {"assistant": text, "calls": []}
-                trace["turns"].append(turn)
-                if out.stop_reason != "eos":
-                    cut, ended_with_eos, trace["stop"] = True, False, "length_budget"
-                    break
-                if mt.max_assistant_turns and assistant_turns >= mt.max_assistant_turns:
-                    trace["stop"] = "max_assistant_turns"
-                    break
-                _, calls = await self.tool_parser.extract_tool_calls(ids)
-                if not calls:
-                    trace["stop"] = "answer"
-                    break
-                if mt.max_user_turns and user_turns >= mt.max_user_turns:
-                    trace["stop"] = "max_user_turns"
-                    break
-                t1 = time.perf_counter()
-                limit = max(1, int(mt.max_parallel_calls or 1))
-                results = await asyncio.gather(
-                    *(self._call(c, i < limit, limit, instances, tools_kwargs) for i, c in enumerate(calls))
-                )
-                tool_s += time.perf_counter() - t1
-                tool_msgs = []
-                for call, (result, is_error, latency) in zip(calls, results, strict=True):
-                    n_calls += 1
-                    n_errors += int(is_error)
-                    latencies.append(latency)
-                    result = truncate_text(result, int(mt.max_tool_response_length), mt.tool_response_truncate_side)
-                    tool_msgs.append({"role": "tool", "content": result})
-                    turn["calls"].append(
-                        {
-                            "name": call.name,
-                            "arguments": call.arguments,
-                            "result": result,
-                            "error": is_error,
-                            "latency_s": latency,
-                        }
-                    )
-                obs = self.renderer.observation_ids(tool_msgs)
-                if len(response_ids) + len(obs) >= budget:
-                    # the observation and at least one generated token must fit
-                    cut, trace["stop"] = True, "length_budget"
-                    break
-                response_ids += obs
-                response_mask += [0] * len(obs)
-                logprobs += [0.0] * len(obs)
-                messages += tool_msgs
-                user_turns += 1
+            while traj.stop is None:
+                calls = await self._assistant_turn(traj, sampling_params)
+                if traj.stop is None:
+                    await self._tool_turn(traj, calls)
         finally:
-            for name, iid in instances.items():
-                await self.tools[name].release(iid, **(tools_kwargs.get(name, {}) or {}).get("release_kwargs", {}))
-        sanity_ok = None
-        if mt.tokenization_sanity_check_mode != "disable":
-            reference = self.renderer.reference_ids(messages, ended_with_eos, last_generated)
-            sanity_ok = self.renderer.sanity_check(
-                mt.tokenization_sanity_check_mode, prompt_ids + response_ids, reference
+            for name, iid in traj.instances.items():
+                kw = traj.tools_kwargs.get(name, {}) or {}
+                await self.tools[name].release(iid, **kw.get("release_kwargs", {}))
+        return self._output(traj)
+
+    async def _assistant_turn(self, traj: Trajectory, sampling_params: dict[str, Any]) -> list:
+        """Generate one turn with what is left of the budget; returns its calls, or ends the
+        trajectory (budget, turn limits, an answer without a call)."""
+        mt = self.rollout_config.multi_turn
+        left = int(self.rollout_config.response_length) - len(traj.response_ids)
+        if left <= 0:
+            traj.end("length_budget", cut=True)
+            return []
+        t0 = time.perf_counter()
+        out = await self.server_manager.generate(
+            traj.request_id,
+            prompt_ids=traj.prompt_ids + traj.response_ids,
+            sampling_params={**sampling_params, "max_tokens": left},
+        )
+        traj.gen_s += time.perf_counter() - t0
+        ids = list(out.token_ids)
+        traj.append(ids, generated=True, logprobs=out.log_probs)
+        traj.assistant_turns += 1
+        traj.last_generated = ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        traj.messages.append({"role": "assistant", "content": text})
+        traj.turns.append({"assistant": text, "calls": []})
+        if out.stop_reason != "eos":
+            traj.ended_with_eos = False
+            traj.end("length_budget", cut=True)
+            return []
+        if mt.max_assistant_turns and traj.assistant_turns >= mt.max_assistant_turns:
+            traj.end("max_assistant_turns")
+            return []
+        _, calls = await self.tool_parser.extract_tool_calls(ids)
+        if not calls:
+            traj.end("answer")
+        elif mt.max_user_turns and traj.user_turns >= mt.max_user_turns:
+            traj.end("max_user_turns")
+        return calls
+
+    async def _tool_turn(self, traj: Trajectory, calls: list) -> None:
+        """Run the calls of the last turn (at most `max_parallel_calls`, concurrently) and append
+        their results as one observation, or end the trajectory when it does not fit."""
+        mt = self.rollout_config.multi_turn
+        t1 = time.perf_counter()
+        limit = max(1, int(mt.max_parallel_calls or 1))
+        results = await asyncio.gather(
+            *(self._call(c, i < limit, limit, traj.instances, traj.tools_kwargs) for i, c in enumerate(calls))
+        )
+        traj.tool_s += time.perf_counter() - t1
+        tool_msgs = []
+        for call, (result, is_error, latency) in zip(calls, results, strict=True):
+            traj.n_calls += 1
+            traj.n_errors += int(is_error)
+            traj.latencies.append(latency)
+            result = truncate_text(result, int(mt.max_tool_response_length), mt.tool_response_truncate_side)
+            tool_msgs.append({"role": "tool", "content": result})
+            traj.turns[-1]["calls"].append(
+                {
+                    "name": call.name,
+                    "arguments": call.arguments,
+                    "result": result,
+                    "error": is_error,
+                    "latency_s": latency,
+                }
             )
-        trace["tool_calls"] = n_calls
+        obs = self.renderer.observation_ids(tool_msgs)
+        if len(traj.response_ids) + len(obs) >= int(self.rollout_config.response_length):
+            # the observation and at least one generated token must fit
+            traj.end("length_budget", cut=True)
+            return
+        traj.append(obs, generated=False)
+        traj.messages += tool_msgs
+        traj.user_turns += 1
+
+    def _output(self, traj: Trajectory) -> AgentLoopOutput:
+        mode = self.rollout_config.multi_turn.tokenization_sanity_check_mode
+        sanity_ok = None
+        if mode != "disable":
+            reference = self.renderer.reference_ids(traj.messages, traj.ended_with_eos, traj.last_generated)
+            sanity_ok = self.renderer.sanity_check(mode, traj.prompt_ids + traj.response_ids, reference)
+        trace = {"turns": traj.turns, "stop": traj.stop, "tool_calls": traj.n_calls}
         return AgentLoopOutput(
-            prompt_ids=prompt_ids,
-            response_ids=response_ids,
-            response_mask=response_mask,
-            response_logprobs=logprobs,
-            num_turns=1 + assistant_turns + user_turns,
-            metrics=AgentLoopMetrics(generate_sequences=gen_s, tool_calls=tool_s),
+            prompt_ids=traj.prompt_ids,
+            response_ids=traj.response_ids,
+            response_mask=traj.response_mask,
+            response_logprobs=traj.logprobs,
+            num_turns=1 + traj.assistant_turns + traj.user_turns,
+            metrics=AgentLoopMetrics(generate_sequences=traj.gen_s, tool_calls=traj.tool_s),
             extra_fields={
-                "assistant_turns": assistant_turns,
-                "tool_calls": n_calls,
-                "tool_errors": n_errors,
-                "tool_latencies": latencies,
-                "cut_by_length": cut,
+                "assistant_turns": traj.assistant_turns,
+                "tool_calls": traj.n_calls,
+                "tool_errors": traj.n_errors,
+                "tool_latencies": traj.latencies,
+                "cut_by_length": traj.cut,
                 "sanity_ok": sanity_ok,
                 "trace": trace,
-                "messages": messages,
+                "messages": traj.messages,
             },
         )
 
