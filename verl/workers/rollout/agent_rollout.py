@@ -1,8 +1,9 @@
 """Multi-turn generation for the worker (`rollout.multi_turn.enable=True`).
 
 `AgentRollout.generate_sequences(prompts)` runs the agent loop of every sample
-(`verl.experimental.agent_loop`) against a `BatchingGenerationServer` over the hf engine's
-`generate_token_lists`, inside one `generation_context()` (one parameter gather per call with FSDP).
+(`verl.experimental.agent_loop`) against a `BatchingGenerationServer` over the engine's
+`generate_token_lists` (hf or vLLM), inside one `generation_context()` (for hf with FSDP: one
+parameter gather per call).
 The output layout is `AgentLoopWorker.postprocess`'s.
 """
 
@@ -64,7 +65,9 @@ class AgentRollout:
         pad_id = int(pad_id if pad_id is not None else (eos_ids[0] if eos_ids else 0))
         generator = None
         if meta.get("seed") is not None:
-            generator = torch.Generator(device=self.engine._device).manual_seed(int(meta["seed"]))
+            # the hf engine samples on its module's device; vLLM draws per-request seeds on the CPU
+            device = getattr(self.engine, "_device", "cpu")
+            generator = torch.Generator(device=device).manual_seed(int(meta["seed"]))
 
         def run_batch(ids, max_tokens, sampling):
             return self.engine.generate_token_lists(ids, max_tokens, sampling, eos_ids, pad_id, generator)

@@ -14,6 +14,8 @@ run on a GPU.
 - Log-probs: vLLM returns the sampled token's log-prob; `logprobs_mode="processed_logprobs"`
   (vLLM >= 0.10.2) makes it the temperature-scaled distribution that the learner uses. On older
   versions the raw (T=1) log-probs are returned and a warning says so.
+- Multi-turn (`AgentRollout`): `generate_token_lists` takes token-id prompts and returns the
+  generated ids with their sampler log-probs, one `llm.generate` call per batch of requests.
 - Knobs come from `rollout.*` (`tensor_model_parallel_size`, `gpu_memory_utilization`,
   `max_num_batched_tokens`, `max_num_seqs`, `enforce_eager`, `enable_chunked_prefill`, `dtype`)
   and `rollout.engine_kwargs.vllm` (passed to `vllm.LLM` as is).
@@ -21,6 +23,7 @@ run on a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 
@@ -87,11 +90,18 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - upstream class name
         cfg = self.config
         if meta.get("validate", False):
             vk = cfg.val_kwargs
-            do_sample, temperature, top_k, top_p = vk.do_sample, vk.temperature, vk.top_k, vk.top_p
+            sampling = {"do_sample": vk.do_sample, "temperature": vk.temperature, "top_k": vk.top_k, "top_p": vk.top_p}
         else:
-            do_sample = meta.get("do_sample", cfg.do_sample)
-            temperature = meta.get("temperature", cfg.temperature)
-            top_k, top_p = meta.get("top_k", cfg.top_k), meta.get("top_p", cfg.top_p)
+            sampling = {k: meta.get(k, getattr(cfg, k)) for k in ("do_sample", "temperature", "top_k", "top_p")}
+        return self._params(sampling, resp_len, eos_ids, logprobs=0 if cfg.calculate_log_probs else None)
+
+    def _params(self, sampling: dict, max_tokens: int, eos_ids: list[int], logprobs=None, seed=None):
+        """`SamplingParams` for one request: `sampling` holds do_sample / temperature / top_k / top_p
+        (do_sample=False: greedy, temperature 0); decoding stops after an id of `eos_ids` unless
+        `rollout.ignore_eos`."""
+        do_sample = bool(sampling.get("do_sample", True))
+        temperature = sampling.get("temperature", 1.0)
+        top_k, top_p = sampling.get("top_k", -1), sampling.get("top_p", 1.0)
         if not do_sample:
             temperature, top_k, top_p = 0.0, -1, 1.0
         return self._SamplingParams(
@@ -99,10 +109,12 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - upstream class name
             temperature=float(temperature),
             top_k=int(top_k) if top_k and top_k > 0 else -1,
             top_p=float(top_p),
-            max_tokens=resp_len,
-            logprobs=0 if cfg.calculate_log_probs else None,
-            ignore_eos=bool(cfg.ignore_eos),
-            stop_token_ids=eos_ids or None,
+            max_tokens=int(max_tokens),
+            logprobs=logprobs,
+            ignore_eos=bool(self.config.ignore_eos),
+            # vLLM stops on stop_token_ids even with ignore_eos
+            stop_token_ids=None if self.config.ignore_eos else (eos_ids or None),
+            seed=seed,
             detokenize=False,
         )
 
@@ -136,6 +148,74 @@ class vLLMRollout(BaseRollout):  # noqa: N801 - upstream class name
         return assemble_rollout_output(
             input_ids, attention_mask, position_ids, responses, lps, eos_ids, pad_id, bool(self.config.ignore_eos)
         )
+
+    # ------------------------------------------------------------------------------------------
+    # token-list interface of the agent loop (`AgentRollout`, same contract as `HFRollout`'s)
+
+    @contextlib.contextmanager
+    def generation_context(self):
+        """Wakes the engine for a series of `generate_token_lists` calls (vLLM needs no gather)."""
+        self.resume()
+        yield
+
+    def generate_token_lists(
+        self,
+        prompt_ids: list[list[int]],
+        max_tokens: list[int],
+        sampling: dict,
+        eos_ids: list[int],
+        pad_id: int,
+        generator=None,
+    ):
+        """Generate one continuation per prompt (a list of ids, no padding) with one `llm.generate`
+        call and return a list of `TokenOutput`: the ids up to and including the first id of
+        `eos_ids` (`stop_reason="eos"`), or `max_tokens[i]` ids (`"length"`), with the sampled
+        token's log-prob at each position (`logprobs_mode`, see the module docstring).
+
+        `pad_id` is unused (no padding). With a `generator`, each request gets its own vLLM seed
+        drawn from it, so a seeded rollout is reproducible and repeated prompts still differ.
+        """
+        from verl.workers.rollout.async_server import TokenOutput
+
+        if len(prompt_ids) != len(max_tokens):
+            raise ValueError(f"generate_token_lists: {len(prompt_ids)} prompts but {len(max_tokens)} max_tokens")
+        if any(not p for p in prompt_ids):
+            raise ValueError("generate_token_lists: an empty prompt has no position to continue from")
+        if sampling.get("do_sample", True) and not (sampling.get("temperature", 1.0) or 0) > 0:
+            raise ValueError(
+                f"sampling needs temperature > 0, got {sampling.get('temperature')} (use do_sample=False for greedy)"
+            )
+        results = [TokenOutput(token_ids=[], log_probs=[], stop_reason="length") for _ in prompt_ids]
+        todo = [i for i, n in enumerate(max_tokens) if n > 0]  # vLLM rejects max_tokens=0
+        if not todo:
+            return results
+        seeds = [None] * len(todo)
+        if generator is not None:
+            seeds = torch.randint(0, 2**31 - 1, (len(todo),), generator=generator, device=generator.device).tolist()
+        params = [
+            self._params(sampling, max_tokens[i], eos_ids, logprobs=0, seed=s) for i, s in zip(todo, seeds, strict=True)
+        ]
+        self.resume()
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(prompt_ids[i])} for i in todo], sampling_params=params, use_tqdm=False
+        )
+        eos_set = set() if self.config.ignore_eos else set(eos_ids)
+        for i, out in zip(todo, outputs, strict=True):
+            completion = out.outputs[0]
+            ids = list(completion.token_ids)[: max_tokens[i]]
+            n, reason = len(ids), "length"
+            for t, tok in enumerate(ids):
+                if tok in eos_set:
+                    n, reason = t + 1, "eos"
+                    break
+            if completion.finish_reason == "stop":
+                reason = "eos"  # also when vLLM stopped on the model's own EOS, not in eos_ids
+            entries = completion.logprobs
+            if entries is None or len(entries) < n:
+                raise RuntimeError(f"vLLM returned {len(entries or [])} log-prob entries for {n} generated tokens")
+            lps = [float(entry[tok].logprob) for tok, entry in zip(ids[:n], entries[:n], strict=True)]
+            results[i] = TokenOutput(token_ids=ids[:n], log_probs=lps, stop_reason=reason)
+        return results
 
     # ------------------------------------------------------------------------------------------
 
