@@ -22,6 +22,7 @@ LAYER_OF_PREFIX: list[tuple[str, str]] = [
     ("verl.workers.config", "config"),
     ("verl.base_config", "config"),
     ("verl.protocol", "data"),
+    ("verl.dataproto", "data"),  # DataProtoFuture, BatchData and row helpers, re-exported by verl.protocol
     ("verl.single_controller", "controller"),
     ("verl.workers.fsdp_workers", "workers"),
     ("verl.workers", "engines"),
@@ -53,10 +54,6 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
         "upstream's batch-level entry points (compute_rollout_correction_and_add_to_batch, "
         "compute_rollout_correction_and_rejection_mask) take or return a DataProto; the tensor functions "
         "they wrap are pure torch. They belong on the driver side, beside compute_advantage"
-    ),
-    ("verl.utils.tensordict_utils", "verl.protocol"): (
-        "the TensorDict mini-batch iterator reuses DataProto's shuffled index order so both protocols "
-        "give the same mini-batches for a seed; the index helper belongs in utilities"
     ),
 }
 
