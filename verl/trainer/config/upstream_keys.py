@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import fnmatch
+import functools
 import logging
 import typing
 import warnings
@@ -221,15 +222,28 @@ def apply_embedded_preset(cfg: DictConfig, overrides: list[str] | None, always: 
 
 
 # ----------------------------------------------------------------------------- overrides
-def _yaml_raw() -> dict:
+@functools.cache
+def _load_yaml() -> dict:
     return OmegaConf.to_container(OmegaConf.load(YAML_PATH), resolve=False)
+
+
+@functools.cache
+def _load_all_defaults() -> dict:
+    tree = _yaml_raw()
+    _fill_dataclass_defaults(tree)
+    return tree
+
+
+# The yaml and the dataclasses do not change while a process runs, so they are read once (the
+# config checks look keys up in them per key); callers get a copy they may edit.
+def _yaml_raw() -> dict:
+    """ppo_trainer.yaml as plain containers, interpolations not resolved."""
+    return copy.deepcopy(_load_yaml())
 
 
 def _all_defaults() -> dict:
     """The yaml's defaults plus the dataclass defaults of the keys the yaml does not list."""
-    tree = _yaml_raw()
-    _fill_dataclass_defaults(tree)
-    return tree
+    return copy.deepcopy(_load_all_defaults())
 
 
 def _has_path(tree: Any, dotted: str) -> bool:
