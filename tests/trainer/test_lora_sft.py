@@ -28,6 +28,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer):  # noqa: F811
     return save_model_dir(model, tokenizer, tmp_path_factory.mktemp("tiny_lora_sft_model"))
 
 
+@pytest.mark.slow
 def test_sft_lora_trains_an_adapter_that_rl_continues(tmp_path, tiny_model_dir, tokenizer):  # noqa: F811
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -28,6 +28,7 @@ def _main_ppo(*overrides: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_bad_value_naming_the_key():
     proc = _main_ppo("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")
     assert proc.returncode != 0
@@ -35,6 +36,7 @@ def test_cli_rejects_a_bad_value_naming_the_key():
     assert "_init_ray" not in proc.stderr  # failed in validation, before Ray was started
 
 
+@pytest.mark.slow
 def test_cli_rejects_an_unknown_key():
     proc = _main_ppo("+trainer.totl_epochs=3")
     assert proc.returncode != 0 and "trainer.totl_epochs" in proc.stderr
@@ -51,6 +53,7 @@ def test_resource_pool_layout_colocates_by_default_and_splits_on_request():
     assert mgr.get_n_gpus() == 3
 
 
+@pytest.mark.slow
 def test_cli_override_typo_names_the_closest_key():
     proc = _main_ppo("actor_rollout_ref.actor.ppo_mini_batchsize=16", "hydra.run.dir=/tmp/never_used")
     assert proc.returncode == 1

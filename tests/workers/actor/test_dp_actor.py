@@ -338,6 +338,7 @@ def _meter_worker(rank, init_file, out_file):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_step_meter_agrees_on_metric_names_across_ranks(tmp_path):
     import torch.multiprocessing as mp
 

@@ -202,6 +202,7 @@ def _dp_worker(rank, path, init_file, out_file, use_pg):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_on_equals_off(tiny, tmp_path):
     path, _, _ = tiny
     results = {}
