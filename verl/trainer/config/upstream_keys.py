@@ -246,13 +246,11 @@ def _all_defaults() -> dict:
     return copy.deepcopy(_load_all_defaults())
 
 
+_MISSING = object()
+
+
 def _has_path(tree: Any, dotted: str) -> bool:
-    node = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return _get(tree, dotted, _MISSING) is not _MISSING
 
 
 def dataclass_keys() -> set[str]:
