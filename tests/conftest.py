@@ -16,6 +16,7 @@ tests/ on their PYTHONPATH, so worker classes defined in test modules can be imp
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -55,8 +56,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.ray)
 
 
+@functools.cache
 def load_build_script():
-    """`scripts/build_embedded_default.py` as a module (it is a script, not part of the package)."""
+    """`scripts/build_embedded_default.py` as a module (it is a script, not part of the package;
+    loaded once per session)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -65,6 +68,46 @@ def load_build_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# the tiny Llama of the CPU tests: 2 layers, hidden 32 (the build script's `build_model` sizes)
+TINY_LLAMA_SIZES = dict(
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    seed=0,
+)
+
+
+def build_tiny_model(tokenizer, **sizes):
+    """A tiny random Llama over `tokenizer`: `TINY_LLAMA_SIZES` with `sizes` changed."""
+    return load_build_script().build_model(tokenizer, **{**TINY_LLAMA_SIZES, **sizes})
+
+
+def save_model_dir(model, tokenizer, out_dir) -> str:
+    """Save `model` and `tokenizer` into `out_dir` (a Hugging Face model directory); returns it."""
+    model.save_pretrained(out_dir)
+    load_build_script().save_tokenizer(tokenizer, out_dir)
+    return str(out_dir)
+
+
+def load_tiny_llama(out_dir: str):
+    """``(path, tokenizer, model)``: `test_workers_common.build_tiny_llama` saved in `out_dir`, then
+    loaded back with sdpa attention (the actor tests' model)."""
+    import torch
+    from test_workers_common import build_tiny_llama
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    path = build_tiny_llama(out_dir)
+    return (
+        path,
+        AutoTokenizer.from_pretrained(path),
+        AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa"),
+    )
 
 
 @pytest.fixture(scope="session")

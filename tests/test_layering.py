@@ -22,6 +22,7 @@ LAYER_OF_PREFIX: list[tuple[str, str]] = [
     ("verl.workers.config", "config"),
     ("verl.base_config", "config"),
     ("verl.protocol", "data"),
+    ("verl.dataproto", "data"),  # DataProtoFuture, BatchData and row helpers, re-exported by verl.protocol
     ("verl.single_controller", "controller"),
     ("verl.workers.fsdp_workers", "workers"),
     ("verl.workers", "engines"),
@@ -47,13 +48,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "package": {"utilities", "config", "data", "algorithms", "controller", "engines", "workers", "trainer"},
 }
 
-# (importer module, imported module) -> why it is allowed for now
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("verl.utils.tensordict_utils", "verl.protocol"): (
-        "the TensorDict mini-batch iterator reuses DataProto's shuffled index order so both protocols "
-        "give the same mini-batches for a seed; the index helper belongs in utilities"
-    ),
-}
+# (importer module, imported module) -> why it is allowed for now (none are left)
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def layer_of(module: str) -> str:

@@ -693,3 +693,69 @@ def test_unfold_column_chunks_splits_per_row_sequences():
     assert ret.batch["obs2"].tolist() == [[1], [1], [5], [5]]
     assert ret.non_tensor_batch["labels"].tolist() == [["a1"], ["a2"], ["b1"], ["b2"]]
     assert ret.meta_info == {"name": "abc"}
+
+
+# ----------------------------------------------------------------------------- futures without Ray
+
+
+class _FakeRef:
+    """Stands in for a backend's object ref: holds the value it resolves to."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _resolve_fake(refs, labels, timeout):
+    return [r.value for r in refs]
+
+
+def _ray_imports(path) -> list[str]:
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] == "ray"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ray":
+            found.append(node.module)
+    return found
+
+
+def test_data_layer_imports_nothing_from_ray():
+    from pathlib import Path
+
+    import verl.protocol
+
+    root = Path(verl.protocol.__file__).parent
+    files = [root / "protocol.py", *sorted((root / "dataproto").glob("*.py")), root / "utils" / "protocol_utils.py"]
+    assert {str(f.relative_to(root)): _ray_imports(f) for f in files} == {str(f.relative_to(root)): [] for f in files}
+
+
+def test_future_resolves_through_the_registered_backend(monkeypatch):
+    from verl.dataproto import futures
+    from verl.protocol import BatchData, DataProtoFuture, WorkerCallError
+    from verl.single_controller.ray import WorkerCallError as ray_worker_call_error
+
+    assert DataProtoFuture is futures.DataProtoFuture and WorkerCallError is ray_worker_call_error  # one object
+    monkeypatch.setattr(futures, "_ref_types", (_FakeRef,))
+    monkeypatch.setattr(futures, "_default_resolve", _resolve_fake)
+    parts = make(6).chunk(3)
+    future = BatchData([_FakeRef(p) for p in parts]).concat()
+    assert isinstance(future, DataProtoFuture) and future.resolve_fn is _resolve_fake
+    halves = pickle.loads(pickle.dumps(future)).chunk(2)  # the resolver travels with the future
+    assert [h.get().non_tensor_batch["uid"].tolist() for h in halves] == [["u0", "u1", "u2"], ["u3", "u4", "u5"]]
+    assert not BatchData([_FakeRef(1), 2]).is_concatable()
+
+
+def test_future_without_a_backend_says_what_to_import(monkeypatch):
+    from verl.dataproto import futures
+    from verl.protocol import DataProtoFuture
+
+    monkeypatch.setattr(futures, "_ref_types", ())
+    monkeypatch.setattr(futures, "_default_resolve", None)
+    future = DataProtoFuture.concat([_FakeRef(make(2))])
+    assert future.resolve_fn is None
+    with pytest.raises(RuntimeError, match="no object-ref backend.*verl.single_controller.ray"):
+        future.get()
+    monkeypatch.setattr(futures, "_default_resolve", _resolve_fake)  # registered after the future was built
+    assert len(future.get()) == 2

@@ -6,6 +6,10 @@ upstream callers pass by keyword (``None``: the name only has to exist). A name 
 when it resolves (``Class.method`` through the class) and its signature (``__init__`` for a
 class) has each listed parameter, or takes ``**kwargs``.
 
+For the algorithm modules (`POSITIONAL`) the lists are upstream's parameters in order, and the
+check is stricter (`test_upstream_positional_order`): our function takes them at the same
+positions, so positional calls work too, and any parameter we add comes after them with a default.
+
 Two rules:
 
 - `NOT_PROVIDED`: names this project deliberately does not provide, each with its reason; the
@@ -25,6 +29,21 @@ from pathlib import Path
 import pytest
 
 P = None  # existence only
+# parameter lists shared by several upstream functions (in upstream's order)
+_LOSS = ["old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config", "rollout_is_weights"]
+_GRPO = ["token_level_rewards", "response_mask", "index", "epsilon", "norm_adv_by_std_in_grpo", "config"]
+_GROUP = ["token_level_rewards", "response_mask", "index", "epsilon", "config"]
+_OTB = [
+    "token_level_rewards",
+    "response_mask",
+    "index",
+    "old_log_probs",
+    "sum_pi_squared",
+    "rollout_is_weights",
+    "handle_zero_tail",
+    "epsilon",
+]
+
 UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
     "verl.protocol": {
         "DataProto": P,
@@ -334,61 +353,25 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
         "validate_config": ["config", "use_reference_policy", "use_critic"],
     },
     "verl.trainer.ppo.core_algos": {
-        "PolicyLossFn": P,
         "POLICY_LOSS_REGISTRY": P,
+        "ADV_ESTIMATOR_REGISTRY": P,
+        "AdvantageEstimator": P,
+        "PolicyLossFn": P,
         "register_policy_loss": ["name"],
         "get_policy_loss_fn": ["name"],
-        "AdvantageEstimator": P,
-        "ADV_ESTIMATOR_REGISTRY": P,
         "register_adv_est": ["name_or_enum"],
         "get_adv_estimator_fn": ["name_or_enum"],
         "AdaptiveKLController": ["init_kl_coef", "target_kl", "horizon"],
         "FixedKLController": ["kl_coef"],
         "get_kl_controller": ["kl_ctrl"],
         "compute_gae_advantage_return": ["token_level_rewards", "values", "response_mask", "gamma", "lam"],
-        "compute_grpo_outcome_advantage": [
-            "token_level_rewards",
-            "response_mask",
-            "index",
-            "epsilon",
-            "norm_adv_by_std_in_grpo",
-            "config",
-        ],
-        "compute_grpo_vectorized_outcome_advantage": [
-            "token_level_rewards",
-            "response_mask",
-            "index",
-            "epsilon",
-            "norm_adv_by_std_in_grpo",
-            "config",
-        ],
-        "compute_gdpo_outcome_advantage": [
-            "token_level_rewards",
-            "response_mask",
-            "index",
-            "epsilon",
-            "norm_adv_by_std_in_grpo",
-            "config",
-            "non_tensor_batch",
-            "batch",
-        ],
-        "compute_grpo_passk_outcome_advantage": [
-            "token_level_rewards",
-            "response_mask",
-            "index",
-            "epsilon",
-            "norm_adv_by_std_in_grpo",
-            "config",
-        ],
-        "compute_reinforce_plus_plus_baseline_outcome_advantage": [
-            "token_level_rewards",
-            "response_mask",
-            "index",
-            "epsilon",
-            "config",
-        ],
-        "compute_rloo_outcome_advantage": ["token_level_rewards", "response_mask", "index", "epsilon", "config"],
-        "compute_opo_outcome_advantage": ["token_level_rewards", "response_mask", "index", "epsilon", "config"],
+        "compute_grpo_outcome_advantage": _GRPO,
+        "compute_grpo_vectorized_outcome_advantage": _GRPO,
+        "compute_gdpo_outcome_advantage": _GRPO + ["non_tensor_batch", "batch"],
+        "compute_grpo_passk_outcome_advantage": _GRPO,
+        "compute_reinforce_plus_plus_baseline_outcome_advantage": _GROUP,
+        "compute_rloo_outcome_advantage": _GROUP,
+        "compute_opo_outcome_advantage": _GROUP,
         "compute_reinforce_plus_plus_outcome_advantage": ["token_level_rewards", "response_mask", "config"],
         "compute_remax_outcome_advantage": ["token_level_rewards", "reward_baselines", "response_mask", "config"],
         "compute_gpg_outcome_advantage": [
@@ -400,33 +383,9 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
             "alpha",
             "config",
         ],
-        "compute_rloo_vectorized_outcome_advantage": [
-            "token_level_rewards",
-            "response_mask",
-            "index",
-            "epsilon",
-            "config",
-        ],
-        "compute_optimal_token_baseline_advantage": [
-            "token_level_rewards",
-            "response_mask",
-            "index",
-            "old_log_probs",
-            "sum_pi_squared",
-            "rollout_is_weights",
-            "handle_zero_tail",
-            "epsilon",
-        ],
-        "compute_multi_turn_optimal_token_baseline_advantage": [
-            "token_level_rewards",
-            "response_mask",
-            "index",
-            "old_log_probs",
-            "sum_pi_squared",
-            "rollout_is_weights",
-            "handle_zero_tail",
-            "epsilon",
-        ],
+        "compute_rloo_vectorized_outcome_advantage": _GROUP,
+        "compute_optimal_token_baseline_advantage": _OTB,
+        "compute_multi_turn_optimal_token_baseline_advantage": _OTB,
         "compute_rewards": ["token_level_scores", "old_log_prob", "ref_log_prob", "kl_ratio"],
         "agg_loss": [
             "loss_mat",
@@ -449,30 +408,23 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
             "loss_agg_mode",
         ],
         **{
-            name: [
-                "old_log_prob",
-                "log_prob",
-                "advantages",
-                "response_mask",
-                "loss_agg_mode",
-                "config",
-                "rollout_is_weights",
-            ]
-            for name in (
-                "compute_policy_loss_vanilla",
-                "compute_policy_loss_up",
-                "compute_policy_loss_dppo_tv",
-                "compute_policy_loss_dppo_kl",
-                "compute_policy_loss_gspo",
-                "compute_policy_loss_sapo",
-                "compute_policy_loss_gpg",
-                "compute_policy_loss_clip_cov",
-                "compute_policy_loss_kl_cov",
-                "compute_policy_loss_geo_mean",
-                "compute_policy_loss_cispo",
-                "compute_policy_loss_bypass_mode",
+            f"compute_policy_loss_{n}": _LOSS
+            for n in (
+                "vanilla",
+                "up",
+                "dppo_tv",
+                "dppo_kl",
+                "gspo",
+                "sapo",
+                "gpg",
+                "clip_cov",
+                "kl_cov",
+                "geo_mean",
+                "cispo",
+                "bypass_mode",
             )
         },
+        "compute_policy_loss_reinforce": ["rollout_log_prob"] + _LOSS[1:],
         "compute_entropy_loss": ["logits", "response_mask", "loss_agg_mode"],
         "compute_value_loss": [
             "vpreds",
@@ -489,15 +441,6 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
         "kl_penalty": ["logprob", "ref_logprob", "kl_penalty"],
         "kl_penalty_forward": ["logprob", "ref_logprob", "kl_penalty"],
         "compute_pf_ppo_reweight_data": ["data", "reweight_method", "weight_pow"],
-        "compute_policy_loss_reinforce": [
-            "rollout_log_prob",
-            "log_prob",
-            "advantages",
-            "response_mask",
-            "loss_agg_mode",
-            "config",
-            "rollout_is_weights",
-        ],
     },
     "verl.trainer.ppo.rollout_corr_helper": {
         "SAFETY_BOUND": P,
@@ -709,6 +652,91 @@ def incompatibility(module: str, name: str, params: list[str] | None) -> str | N
         return None
     missing = [p for p in params if p not in sig.parameters]
     return f"parameters {missing} missing from {name}{sig}" if missing else None
+
+
+# modules (and single names) whose parameter lists are upstream's positional order
+POSITIONAL_MODULES = (
+    "verl.trainer.ppo.core_algos",
+    "verl.trainer.ppo.rollout_corr_helper",
+    "verl.trainer.ppo.metric_utils",
+)
+POSITIONAL_NAMES = {
+    ("verl.trainer.ppo.ray_trainer", n) for n in ("compute_advantage", "apply_kl_penalty", "compute_response_mask")
+}
+# upstream's keyword-only parameters (after `*`): how many of the listed ones are positional
+KEYWORD_ONLY = {("verl.trainer.ppo.rollout_corr_helper", "compute_rs_metrics"): 4}
+
+
+def positional_problem(module: str, name: str, expected: list[str]) -> str | None:
+    """None when `module.name` takes `expected` at upstream's positions (after them, only
+    parameters with defaults), else what is wrong."""
+    obj = _resolve(module, name)
+    params = list(inspect.signature(obj.__init__ if inspect.isclass(obj) else obj).parameters.values())
+    if inspect.isclass(obj):
+        params = params[1:]  # self
+    n_positional = KEYWORD_ONLY.get((module, name), len(expected))
+    names = [p.name for p in params]
+    positional = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
+    for i, want in enumerate(expected[:n_positional]):
+        if i >= len(params) or params[i].name != want or params[i].kind not in positional:
+            return f"position {i}: expected {want!r}, have {names}"
+    for p in params[len(expected) :]:
+        if p.default is inspect.Parameter.empty and p.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        ):
+            return f"extra required parameter {p.name!r}"
+    return None
+
+
+def _positional_cases():
+    for module, names in UPSTREAM_NAMES.items():
+        for name, params in names.items():
+            if params and (module in POSITIONAL_MODULES or (module, name) in POSITIONAL_NAMES):
+                yield pytest.param(module, name, params, id=f"{module}:{name}")
+
+
+@pytest.mark.parametrize(("module", "name", "params"), list(_positional_cases()))
+def test_upstream_positional_order(module, name, params):
+    problem = positional_problem(module, name, params)
+    assert problem is None, f"{module}.{name}: {problem}"
+
+
+UPSTREAM_ESTIMATORS = [
+    "GAE",
+    "GRPO",
+    "REINFORCE_PLUS_PLUS",
+    "REINFORCE_PLUS_PLUS_BASELINE",
+    "REMAX",
+    "RLOO",
+    "OPO",
+    "GRPO_PASSK",
+    "GPG",
+    "RLOO_VECTORIZED",
+    "GRPO_VECTORIZED",
+    "OPTIMAL_TOKEN_BASELINE",
+    "TIR_OPTIMAL_TOKEN_BASELINE",
+    "GDPO",
+]
+
+
+def test_advantage_estimator_enum_has_upstream_members():
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, AdvantageEstimator
+
+    for member in UPSTREAM_ESTIMATORS:
+        assert getattr(AdvantageEstimator, member).value in ADV_ESTIMATOR_REGISTRY
+
+
+def test_upstream_defaults_of_the_aggregation_sensitive_losses():
+    from verl.trainer.ppo import core_algos
+
+    def default(fn):
+        return inspect.signature(fn).parameters["loss_agg_mode"].default
+
+    assert default(core_algos.compute_policy_loss_sapo) == "seq-mean-token-mean"
+    assert default(core_algos.compute_policy_loss_gspo) == "seq-mean-token-mean"
+    assert default(core_algos.compute_policy_loss_reinforce) == "seq-mean-token-sum"
+    assert default(core_algos.compute_policy_loss_vanilla) == "token-mean"
 
 
 def count_upstream_names() -> dict[str, tuple[int, int]]:

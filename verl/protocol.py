@@ -17,24 +17,48 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import os
 import pickle
-import re
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+# Re-exported: upstream's public names of `verl.protocol` that live beside DataProto (the same
+# objects, so `isinstance(x, DataProtoFuture)` holds whichever module a caller imports them from).
+from verl.dataproto.batch_ops import (
+    all_gather_data_proto,
+    fold_batch_dim,
+    pad_dataproto_to_divisor,
+    unfold_batch_dim,
+    unpad_dataproto,
+)
+from verl.dataproto.futures import BatchData, DataProtoFuture, WorkerCallError
 from verl.utils import tensordict_utils as tu
+from verl.utils.protocol_utils import (
+    as_slice,
+    index_array,
+    list_of_dict_to_dict_of_list,
+    merge_meta_info,
+    mini_batch_indices,
+    to_object_array,
+    union_meta,
+    union_numpy_dict,
+    values_equal,
+)
+from verl.utils.tensordict_utils import (
+    deserialize_single_tensor,
+    deserialize_tensordict,
+    serialize_single_tensor,
+    serialize_tensordict,
+)
 
 logger = logging.getLogger(__name__)
+
 
 __all__ = [
     "BatchData",
@@ -57,10 +81,6 @@ __all__ = [
     "unfold_batch_dim",
     "unpad_dataproto",
 ]
-
-# Keyword the dispatcher adds to a worker call to say how many padding rows it appended; the
-# worker-group proxy removes it again before the call and strips that many rows from the result.
-_padding_size_key = "_padding_size_key_x123d"
 
 
 class _DataProtoConfigMeta(type):
@@ -91,232 +111,9 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
     """
 
 
-# ----------------------------------------------------------------------------- helpers
-
-
-def _to_object_array(values: Any, key: str) -> np.ndarray:
-    """One object per row: a list of lists stays a 1-D array of lists (numpy would make it 2-D)."""
-    if isinstance(values, np.ndarray):
-        return values
-    if isinstance(values, torch.Tensor):
-        raise TypeError(f"non-tensor entry {key!r} is a torch.Tensor; put tensors in `tensors`/`batch`")
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(f"non-tensor entry {key!r} must be a np.ndarray, list or tuple, got {type(values).__name__}")
-    out = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        out[i] = v
-    return out
-
-
-def _index_array(idxs: Any, n: int) -> np.ndarray:
-    """Normalise an index (ints or a bool mask; list, numpy or torch) to int64 row numbers in [0, n)."""
-    if isinstance(idxs, torch.Tensor):
-        arr = idxs.detach().cpu().numpy()
-    elif isinstance(idxs, np.ndarray):
-        arr = idxs
-    elif isinstance(idxs, (list, tuple, range)):
-        arr = np.asarray(list(idxs))
-        if arr.size == 0:
-            arr = arr.astype(np.int64)
-    else:
-        raise TypeError(f"index must be a list, np.ndarray or torch.Tensor of ints or bools, got {type(idxs).__name__}")
-    if arr.ndim != 1:
-        raise ValueError(f"index must be 1-D, got shape {arr.shape}")
-    if arr.dtype == np.bool_:
-        if arr.shape[0] != n:
-            raise IndexError(f"boolean mask has {arr.shape[0]} entries but the DataProto has {n} rows")
-        return np.flatnonzero(arr).astype(np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"index entries must be integers or bools, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64, copy=False)
-    if arr.size and (arr.min() < -n or arr.max() >= n):
-        bad = arr[(arr < -n) | (arr >= n)][0]
-        raise IndexError(f"row index {bad} is out of range for a DataProto of {n} rows")
-    return np.where(arr < 0, arr + n, arr)
-
-
-def _values_equal(a: Any, b: Any) -> bool:
-    """Equality that works for tensors, arrays, nested containers and NaN (NaN == NaN here)."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.shape == b.shape
-            and a.dtype == b.dtype
-            and bool(torch.equal(a.cpu(), b.cpu()))
-        )
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape:
-            return False
-        if a.dtype == object or b.dtype == object:
-            return all(_values_equal(x, y) for x, y in zip(a.ravel(), b.ravel(), strict=False))
-        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b, strict=False))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _merge_metrics(into: dict[str, list], metrics: Any, part: int) -> None:
-    """Append one part's metrics to `into`: ``name -> [value of part 0, value of part 1, ...]``.
-
-    As upstream, each part's value is ONE entry, whatever it is (a worker's list of per-micro-batch
-    values stays a list inside the list); a part whose metrics are a list of dicts contributes one
-    entry per dict. `reduce_metrics` averages over all the numbers inside.
-    """
-    if metrics is None:
-        return
-    if isinstance(metrics, (list, tuple)):
-        for item in metrics:
-            _merge_metrics(into, item, part)
-        return
-    if not isinstance(metrics, dict):
-        raise TypeError(
-            f"meta_info['metrics'] of part {part} must be a dict or a list of dicts, got {type(metrics).__name__}"
-        )
-    for name, value in metrics.items():
-        into.setdefault(name, []).append(value)
-
-
-def _merge_meta_info(metas: Sequence[dict]) -> dict:
-    """Merge the meta_info of concatenated parts.
-
-    ``metrics`` (a dict name -> value, or a list of such dicts, per part) become one dict
-    ``name -> list`` with one entry per part (per dict) in part order, as upstream. Any other key
-    must be equal in every part that has it (kept once); differing values raise ValueError naming
-    the key.
-    """
-    merged: dict[str, Any] = {}
-    origin: dict[str, int] = {}
-    metrics: dict[str, list] | None = None
-    for part, meta in enumerate(metas):
-        for key, value in meta.items():
-            if key == "metrics":
-                if value is not None:  # upstream skips a part's None metrics
-                    metrics = {} if metrics is None else metrics
-                    _merge_metrics(metrics, value, part)
-            elif key not in merged:
-                merged[key], origin[key] = value, part
-            elif not _values_equal(merged[key], value):
-                raise tu.ProtocolError(
-                    f"Conflicting values for meta_info key '{key}': cannot concat DataProtos, meta_info[{key!r}] is "
-                    f"{_short(merged[key])} in part {origin[key]} "
-                    f"but {_short(value)} in part {part}; make the workers agree (e.g. reduce it) or "
-                    "pop it before concat"
-                )
-    if metrics is not None:
-        merged["metrics"] = metrics
-    return merged
-
-
-def list_of_dict_to_dict_of_list(list_of_dict: list[dict]) -> dict[str, list]:
-    """``[{"a": 1}, {"a": 2}] -> {"a": [1, 2]}``; every dict must have the keys of the first."""
-    if not list_of_dict:
-        return {}
-    keys = list(list_of_dict[0].keys())
-    out: dict[str, list] = {k: [] for k in keys}
-    for i, d in enumerate(list_of_dict):
-        if set(d.keys()) != set(keys):
-            raise ValueError(f"dict {i} has keys {sorted(d)} but dict 0 has {sorted(keys)}")
-        for k in keys:
-            out[k].append(d[k])
-    return out
-
-
 def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
     """Add `tensor_dict2`'s keys to `tensor_dict1` in place; shared keys must hold equal values."""
     return tu.union_tensor_dict(tensor_dict1, tensor_dict2)
-
-
-def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Add `tensor_dict2`'s arrays to `tensor_dict1` in place; shared keys must hold equal arrays
-    (object arrays compared element-wise, NaN equal to NaN), else ValueError naming the key."""
-    for key, val in tensor_dict2.items():
-        if key in tensor_dict1:
-            if not isinstance(val, np.ndarray) or not _values_equal(tensor_dict1[key], val):
-                raise tu.ProtocolError(
-                    f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. The "
-                    f"non-tensor key {key!r} holds "
-                    "different values in the two dicts; union refuses to overwrite it"
-                )
-        else:
-            tensor_dict1[key] = val
-    return tensor_dict1
-
-
-def _union_meta(meta1: dict, meta2: dict) -> dict:
-    for key, val in meta2.items():
-        if key in meta1 and not _values_equal(meta1[key], val):
-            raise tu.ProtocolError(
-                f"{key} in meta_dict1 and meta_dict2 are not the same object: meta_info key {key!r} "
-                "differs between the "
-                f"two DataProtos ({_short(meta1[key])} vs {_short(val)})"
-            )
-        meta1[key] = val
-    return meta1
-
-
-def _collate_indices(rows: list) -> np.ndarray:
-    return np.asarray(rows, dtype=np.int64)
-
-
-_RESERVED_LOADER_KWARGS = ("dataset", "batch_size", "collate_fn", "generator")
-
-
-def _mini_batch_indices(
-    n: int, mini_batch_size: int, epochs: int, seed: int | None, dataloader_kwargs: dict | None
-) -> Iterator[np.ndarray]:
-    """Row numbers of each mini-batch for `make_iterator`, epoch after epoch.
-
-    The order comes from a `torch.utils.data.DataLoader` over ``range(n)`` with ``batch_size=
-    mini_batch_size``, the given `dataloader_kwargs` (``shuffle``, ``drop_last``, ``sampler``...)
-    and, when `seed` is set, one ``torch.Generator`` seeded once and shared by all epochs. That
-    is how upstream draws it, so the same seed gives the same mini-batches as upstream.
-    """
-    from torch.utils.data import DataLoader
-
-    kwargs = dict(dataloader_kwargs or {})
-    reserved = [k for k in _RESERVED_LOADER_KWARGS if k in kwargs]
-    if reserved:
-        raise ValueError(f"dataloader_kwargs must not set {reserved}: make_iterator sets them itself")
-    if not isinstance(mini_batch_size, int) or mini_batch_size <= 0:
-        raise ValueError(f"mini_batch_size must be a positive int, got {mini_batch_size!r}")
-    if not isinstance(epochs, int) or epochs < 0:
-        raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
-    if n % mini_batch_size != 0 and not kwargs.get("drop_last", False):
-        raise tu.ProtocolError(
-            f"{n} % {mini_batch_size} != 0: {n} rows do not divide into mini-batches of {mini_batch_size}; pass "
-            "dataloader_kwargs={'drop_last': True} to drop the remainder"
-        )
-    generator = None
-    if seed is not None:
-        generator = torch.Generator()
-        generator.manual_seed(seed)
-    loader = DataLoader(
-        range(n), batch_size=mini_batch_size, collate_fn=_collate_indices, generator=generator, **kwargs
-    )
-    for _ in range(epochs):
-        yield from loader
-
-
-def _as_slice(idx: np.ndarray) -> slice | None:
-    """`idx` as a slice when it is a run of consecutive rows (so the mini-batch can be a view)."""
-    if idx.size and np.array_equal(idx, np.arange(idx[0], idx[0] + idx.size)):
-        return slice(int(idx[0]), int(idx[0]) + idx.size)
-    return None
 
 
 # ----------------------------------------------------------------------------- DataProtoItem
@@ -581,7 +378,7 @@ class DataProto:
                 elif t.shape[0] != bs:
                     raise ValueError(f"tensors[{key!r}] has {t.shape[0]} rows but tensors[{first_key!r}] has {bs}")
             batch = TensorDict(source=dict(tensors), batch_size=[bs])
-        converted = {key: _to_object_array(val, key) for key, val in non_tensors.items()}
+        converted = {key: to_object_array(val, key) for key, val in non_tensors.items()}
         if auto_padding:
             meta_info[DataProtoConfig.auto_padding_key] = True
         return cls(batch=batch, non_tensor_batch=converted, meta_info=meta_info)
@@ -601,9 +398,9 @@ class DataProto:
         for key in tensor_dict.keys():
             val = tensor_dict.get(key)
             if isinstance(val, NonTensorStack):
-                non_tensors[key] = _to_object_array(val.tolist(), key)
+                non_tensors[key] = to_object_array(val.tolist(), key)
             elif isinstance(val, NonTensorData):
-                if key in meta and not _values_equal(meta[key], val.data):
+                if key in meta and not values_equal(meta[key], val.data):
                     raise ValueError(f"meta_info[{key!r}] is given twice with different values")
                 meta[key] = val.data
             else:
@@ -694,7 +491,7 @@ class DataProto:
     def select_idxs(self, idxs) -> DataProto:
         """Rows `idxs` (ints, negative allowed, or a bool mask of len(self); list, numpy or torch),
         in the given order, copied into a new DataProto."""
-        idx = _index_array(idxs, len(self))
+        idx = index_array(idxs, len(self))
         batch = self.batch[torch.from_numpy(idx)] if self.batch is not None else None
         if batch is not None and idx.size == 0:
             batch = self.batch[0:0]
@@ -770,7 +567,7 @@ class DataProto:
         elif other.batch is not None:
             self.batch = union_tensor_dict(self.batch, other.batch)
         self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
-        self.meta_info = _union_meta(self.meta_info, other.meta_info)
+        self.meta_info = union_meta(self.meta_info, other.meta_info)
         self.check_consistency()
         return self
 
@@ -787,8 +584,8 @@ class DataProto:
         count must divide evenly. Every mini-batch carries this DataProto's meta_info, and its
         non-tensor entries are object arrays (as upstream's collate makes them).
         """
-        for idx in _mini_batch_indices(len(self), mini_batch_size, epochs, seed, dataloader_kwargs):
-            run = _as_slice(idx)
+        for idx in mini_batch_indices(len(self), mini_batch_size, epochs, seed, dataloader_kwargs):
+            run = as_slice(idx)
             part = self.slice(run.start, run.stop) if run is not None else self.select_idxs(idx)
             part.non_tensor_batch = {
                 k: v if v.dtype == object else v.astype(object) for k, v in part.non_tensor_batch.items()
@@ -853,7 +650,7 @@ class DataProto:
         for i, d in enumerate(data):
             if not isinstance(d, DataProto):
                 raise TypeError(f"DataProto.concat: part {i} is a {type(d).__name__}, not a DataProto")
-        meta = _merge_meta_info([d.meta_info for d in data])
+        meta = merge_meta_info([d.meta_info for d in data])
         parts = [d for d in data if d.batch is not None or d.non_tensor_batch]
         if not parts:
             return DataProto(meta_info=meta)
@@ -878,7 +675,7 @@ class DataProto:
 
     def reorder(self, indices) -> None:
         """Reorder rows in place: row i becomes old row ``indices[i]``."""
-        idx = _index_array(indices, len(self))
+        idx = index_array(indices, len(self))
         if self.batch is not None:
             self.batch = self.batch[torch.from_numpy(idx)]
         self.non_tensor_batch = {k: v[idx] for k, v in self.non_tensor_batch.items()}
@@ -959,131 +756,7 @@ class DataProto:
         return self._derive(batch, non_tensor)
 
 
-# ----------------------------------------------------------------------------- module helpers
-
-
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
-    """Append copies of the leading rows (cycling) until ``len`` divides `size_divisor`.
-
-    Returns ``(padded, pad_size)``; `unpad_dataproto(result, pad_size)` drops the padding rows
-    again. The input is not modified.
-    """
-    if not isinstance(size_divisor, int) or size_divisor <= 0:
-        raise ValueError(f"size_divisor must be a positive int, got {size_divisor!r}")
-    n = len(data)
-    pad_size = (-n) % size_divisor
-    if pad_size == 0:  # includes the empty DataProto
-        return data, 0
-    padded = DataProto.concat([data, data.select_idxs(np.arange(pad_size) % n)])
-    padded.meta_info = dict(data.meta_info)
-    return padded, pad_size
-
-
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    """Drop the last `pad_size` rows (those appended by `pad_dataproto_to_divisor`)."""
-    if pad_size < 0 or pad_size > len(data):
-        raise ValueError(f"pad_size {pad_size} is out of range for a DataProto of {len(data)} rows")
-    return data[: len(data) - pad_size] if pad_size else data
-
-
-def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
-    """Group consecutive rows: ``(bs, ...) -> (new_batch_size, bs // new_batch_size, ...)``."""
-    n = len(data)
-    if new_batch_size <= 0 or n % new_batch_size != 0:
-        raise ValueError(f"cannot fold {n} rows into batch size {new_batch_size}: it must divide the row count")
-    group = n // new_batch_size
-    batch = None
-    if data.batch is not None:
-        batch = TensorDict(
-            {k: v.reshape(new_batch_size, group, *v.shape[1:]) for k, v in data.batch.items()},
-            batch_size=[new_batch_size],
-            device=data.batch.device,
-        )
-    non_tensor = {k: v.reshape(new_batch_size, group, *v.shape[1:]) for k, v in data.non_tensor_batch.items()}
-    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
-
-
-def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
-    """Inverse of `fold_batch_dim`: merge the first `batch_dims` dimensions into the row dimension."""
-    if batch_dims < 1:
-        raise ValueError(f"batch_dims must be >= 1, got {batch_dims}")
-
-    def flat(v):
-        if v.ndim < batch_dims:
-            raise ValueError(f"an entry of shape {tuple(v.shape)} has fewer than batch_dims={batch_dims} dimensions")
-        return v.reshape(-1, *v.shape[batch_dims:])
-
-    batch = None
-    if data.batch is not None:
-        tensors = {k: flat(v) for k, v in data.batch.items()}
-        rows = next(iter(tensors.values())).shape[0] if tensors else len(data)
-        batch = TensorDict(tensors, batch_size=[rows], device=data.batch.device)
-    non_tensor = {k: flat(v) for k, v in data.non_tensor_batch.items()}
-    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
-
-
-def serialize_single_tensor(obj: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
-    """A tensor as plain data: ``(dtype name without "torch.", shape, flat uint8 numpy view of the
-    bytes)``. Tensors off the CPU are copied to host memory first; the device is not recorded."""
-    t = obj.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    data = t.contiguous().reshape(-1).view(torch.uint8).numpy()
-    return str(t.dtype).removeprefix("torch."), tuple(t.shape), data
-
-
-def deserialize_single_tensor(arr: Any) -> torch.Tensor:
-    """Inverse of `serialize_single_tensor` (the bytes are copied, so the tensor is writable)."""
-    dtype_name, shape, data = arr
-    dtype = getattr(torch, dtype_name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown tensor dtype {dtype_name!r} in serialized tensor")
-    raw = bytearray(memoryview(data).cast("B")) if not isinstance(data, (bytes, bytearray)) else bytearray(data)
-    if not raw:
-        return torch.empty(tuple(shape), dtype=dtype)
-    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(tuple(shape))
-
-
-def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None, dict[str, tuple]]:
-    """A TensorDict of tensors as plain data: ``(batch_size, device or None, {key: encoding})``.
-
-    A strided tensor is encoded by `serialize_single_tensor` (a 3-tuple); a nested tensor as
-    ``(layout name, [3-tuple per row])``. Non-tensor entries are not supported (TypeError naming
-    the key): pickle the TensorDict itself for those.
-    """
-    items: dict[str, tuple] = {}
-    for key, value in batch.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"serialize_tensordict: entry {key!r} is a {type(value).__name__}; only tensors can "
-                "be serialized this way"
-            )
-        if value.is_nested:
-            items[key] = (
-                str(value.layout).removeprefix("torch."),
-                [serialize_single_tensor(row) for row in value.unbind()],
-            )
-        else:
-            items[key] = serialize_single_tensor(value)
-    device = str(batch.device) if batch.device is not None else None
-    return tuple(batch.batch_size), device, items
-
-
-def deserialize_tensordict(arr: Any) -> TensorDict:
-    """Inverse of `serialize_tensordict`."""
-    batch_size, device, items = arr
-    decoded: dict[str, torch.Tensor] = {}
-    for key, enc in items.items():
-        if len(enc) == 3:
-            decoded[key] = deserialize_single_tensor(enc)
-        elif len(enc) == 2:
-            layout_name, rows = enc
-            decoded[key] = torch.nested.as_nested_tensor(
-                [deserialize_single_tensor(r) for r in rows], layout=getattr(torch, layout_name)
-            )
-        else:
-            raise ValueError(f"Invalid tensor encoding format for {key!r}, expected length 2 or 3, got {len(enc)}")
-    return TensorDict(source=decoded, batch_size=batch_size, device=device)
+# ----------------------------------------------------------------------------- collate
 
 
 def collate_fn(x: list[DataProtoItem]) -> DataProto:
@@ -1092,254 +765,6 @@ def collate_fn(x: list[DataProtoItem]) -> DataProto:
         raise ValueError("collate_fn needs at least one DataProtoItem")
     batch = torch.stack([item.batch for item in x]).contiguous() if x[0].batch is not None else None
     non_tensor = {
-        key: _to_object_array([item.non_tensor_batch[key] for item in x], key) for key in x[0].non_tensor_batch
+        key: to_object_array([item.non_tensor_batch[key] for item in x], key) for key in x[0].non_tensor_batch
     }
     return DataProto(batch=batch, non_tensor_batch=non_tensor)
-
-
-def all_gather_data_proto(data: DataProto, process_group=None) -> DataProto:
-    """All-gather `data` over `process_group` in place (rank order) and return it.
-
-    Ranks may hold different row counts. Every rank must have the same keys, dtypes and trailing
-    shapes. Tensors travel as raw bytes, so every dtype works on gloo and nccl; with nccl they go
-    through the current CUDA device and come back to their original device. Non-tensor entries use
-    `all_gather_object`.
-    """
-    import torch.distributed as dist
-
-    world = dist.get_world_size(group=process_group)
-    comm_device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.get_backend(process_group) == "nccl"
-        else torch.device("cpu")
-    )
-    local = torch.tensor([len(data)], dtype=torch.int64, device=comm_device)
-    sizes_t = [torch.zeros_like(local) for _ in range(world)]
-    dist.all_gather(sizes_t, local, group=process_group)
-    sizes = [int(s.item()) for s in sizes_t]
-    longest = max(sizes)
-    if data.batch is not None:
-        gathered = {}
-        for key in sorted(data.batch.keys()):
-            tensor = data.batch.get(key)
-            origin = tensor.device
-            shape_rest = tuple(tensor.shape[1:])
-            raw = (
-                tensor.detach().to(comm_device).contiguous().reshape(len(data), math.prod(shape_rest)).view(torch.uint8)
-            )
-            if raw.shape[0] < longest:
-                raw = torch.cat([raw, raw.new_zeros(longest - raw.shape[0], raw.shape[1])])
-            bufs = [torch.empty_like(raw) for _ in range(world)]
-            dist.all_gather(bufs, raw, group=process_group)
-            rows = torch.cat([b[:s] for b, s in zip(bufs, sizes, strict=False)])
-            gathered[key] = rows.view(tensor.dtype).reshape(sum(sizes), *shape_rest).to(origin)
-        data.batch = TensorDict(gathered, batch_size=[sum(sizes)], device=data.batch.device)
-    if data.non_tensor_batch:
-        objs: list[Any] = [None] * world
-        dist.all_gather_object(objs, data.non_tensor_batch, group=process_group)
-        data.non_tensor_batch = {k: np.concatenate([o[k] for o in objs], axis=0) for k in sorted(data.non_tensor_batch)}
-    data.check_consistency()
-    return data
-
-
-# ----------------------------------------------------------------------------- futures
-
-
-class WorkerCallError(RuntimeError):
-    """A remote worker call failed: the worker raised, or its process died.
-
-    Attributes: ``label`` (which worker and method, e.g. ``"MyWorker.compute on rank 1"``),
-    ``rank`` (int or None) and ``method`` (str or None). The message holds the remote traceback.
-    """
-
-    def __init__(self, message: str, label: str = "", rank: int | None = None, method: str | None = None):
-        super().__init__(message)
-        self.label, self.rank, self.method = label, rank, method
-
-
-@dataclass(frozen=True)
-class _RefLabel:
-    """Who computes a Ray object ref: used to name the worker in error messages."""
-
-    text: str
-    rank: int | None = None
-    method: str | None = None
-
-
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _strip_ansi(text: str) -> str:
-    """Ray colours its remote tracebacks for terminals; log files and assertions want plain text."""
-    return _ANSI_ESCAPE.sub("", text)
-
-
-def _ray_get_labeled(refs: list, labels: list | None = None, timeout: float | None = None) -> list:
-    """`ray.get` on `refs`, failing fast: the first ref that resolves to an error raises
-    WorkerCallError naming its label, without waiting for the others (which may be blocked in a
-    collective with the failed worker). `timeout` (seconds, None = no limit) bounds the whole wait
-    and raises TimeoutError naming the workers still running.
-    """
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-
-    labels = list(labels) if labels is not None else [_RefLabel(f"result {i}") for i in range(len(refs))]
-    position = {ref: i for i, ref in enumerate(refs)}
-    results: list[Any] = [None] * len(refs)
-    pending = list(refs)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while pending:
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
-        if not ready:
-            waiting = ", ".join(labels[position[r]].text for r in pending)
-            raise TimeoutError(f"no result after {timeout} s from: {waiting}")
-        for ref in ready:
-            i = position[ref]
-            label = labels[i]
-            try:
-                results[i] = ray.get(ref)
-            except RayTaskError as err:
-                raise WorkerCallError(
-                    f"{label.text} raised an exception:\n{_strip_ansi(str(err))}", label.text, label.rank, label.method
-                ) from err
-            except RayActorError as err:
-                raise WorkerCallError(
-                    f"{label.text} failed: the worker process died ({type(err).__name__}: {_strip_ansi(str(err))})",
-                    label.text,
-                    label.rank,
-                    label.method,
-                ) from err
-            except GetTimeoutError:  # pragma: no cover - ray.wait said it is ready
-                raise
-    return results
-
-
-def _pick_chunk(data: DataProto, index: int, chunks: int) -> DataProto:
-    return data.chunk(chunks=chunks)[index]
-
-
-def _apply_in_order(data: Any, fns: tuple) -> Any:
-    for fn in fns:
-        data = fn(data)
-    return data
-
-
-@dataclass
-class DataProtoFuture:
-    """A DataProto still being computed by a worker group (``register(blocking=False)``).
-
-    ``futures`` are the Ray object refs of the per-worker outputs, ``collect_fn`` combines them
-    (`DataProto.concat`), ``dispatch_fn`` optionally picks a part of the result (set by `chunk`).
-    Pass it straight to another worker group's DP_COMPUTE_PROTO method: each receiving worker
-    resolves it itself, so the driver never waits for or copies the data. ``labels`` name the
-    producing workers for error messages.
-    """
-
-    collect_fn: Callable
-    futures: list
-    dispatch_fn: Callable | None = None
-    labels: list | None = None
-
-    @staticmethod
-    def concat(data: list, labels: list | None = None) -> DataProtoFuture:
-        """A future of the concatenation of the DataProtos behind the object refs `data`."""
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data), labels=labels)
-
-    def chunk(self, chunks: int) -> list[DataProtoFuture]:
-        """`chunks` futures; the i-th resolves to ``self.get().chunk(chunks)[i]``."""
-        if not isinstance(chunks, int) or chunks <= 0:
-            raise ValueError(f"chunks must be a positive int, got {chunks!r}")
-        return [self.then(partial(_pick_chunk, index=i, chunks=chunks)) for i in range(chunks)]
-
-    def then(self, fn: Callable[[DataProto], DataProto]) -> DataProtoFuture:
-        """A future of ``fn(self.get())`` (fn must be picklable: it runs where the future is resolved)."""
-        steps = fn if self.dispatch_fn is None else partial(_apply_in_order, fns=(self.dispatch_fn, fn))
-        return DataProtoFuture(collect_fn=self.collect_fn, futures=self.futures, dispatch_fn=steps, labels=self.labels)
-
-    def get(self, timeout: float | None = None) -> DataProto:
-        """Wait for the outputs and combine them; a failed producer raises WorkerCallError naming it."""
-        outputs = _ray_get_labeled(self.futures, self.labels, timeout)
-        as_tensordict = bool(outputs) and all(isinstance(o, TensorDictBase) for o in outputs)
-        for i, out in enumerate(outputs):
-            if not isinstance(out, DataProto) and not as_tensordict:
-                who = self.labels[i].text if self.labels else f"result {i}"
-                raise TypeError(
-                    f"{who} returned a {type(out).__name__}, but a DataProtoFuture needs DataProto (or "
-                    "all TensorDict) outputs"
-                )
-        # TensorDict outputs (upstream's "protocol v2" workers) are concatenated the tensordict way
-        result = tu.concat_tensordict(outputs) if as_tensordict else self.collect_fn(outputs)
-        if self.dispatch_fn is not None:
-            result = self.dispatch_fn(result)
-        return result
-
-
-# ----------------------------------------------------------------------------- BatchData
-
-
-class BatchData:
-    """Uniform view of what a dispatch passes to or collects from workers.
-
-    Wraps one value (``BatchData(x).chunk(n)``: a `DataProto`, `DataProtoFuture` or `TensorDict`
-    split into `n` parts for `n` workers) or a list of worker outputs (``BatchData(outputs).concat()``:
-    DataProtos, TensorDicts, or Ray object refs of DataProtos, which become a `DataProtoFuture`).
-    Upstream's single-controller code uses these four methods; so can a custom dispatch mode.
-    """
-
-    def __init__(self, data: Any):
-        self.data = data
-
-    def is_chunkable(self) -> bool:
-        """True for a DataProto, DataProtoFuture or TensorDict."""
-        return isinstance(self.data, (DataProto, DataProtoFuture, TensorDictBase))
-
-    def chunk(self, chunks: int) -> list:
-        """`chunks` consecutive parts of the wrapped value (see `DataProto.chunk`)."""
-        if isinstance(self.data, (DataProto, DataProtoFuture)):
-            return self.data.chunk(chunks=chunks)
-        if isinstance(self.data, TensorDictBase):
-            return tu.chunk_tensordict(self.data, chunks)
-        raise TypeError(
-            f"BatchData.chunk: a {type(self.data).__name__} is not chunkable (expected DataProto, "
-            "DataProtoFuture or TensorDict)"
-        )
-
-    def _kind(self) -> str | None:
-        items = self.data
-        if not isinstance(items, (list, tuple)) or not items:
-            return None
-        if all(isinstance(o, DataProto) for o in items):
-            return "dataproto"
-        if all(isinstance(o, TensorDictBase) for o in items):
-            return "tensordict"
-        try:
-            import ray
-
-            if all(isinstance(o, ray.ObjectRef) for o in items):
-                return "refs"
-        except ImportError:  # pragma: no cover - ray is a dependency
-            pass
-        return None
-
-    def is_concatable(self) -> bool:
-        """True for a non-empty list of DataProtos, of TensorDicts, or of Ray object refs."""
-        return self._kind() is not None
-
-    def concat(self) -> Any:
-        """Concatenate the wrapped list (DataProto.concat / concat_tensordict / DataProtoFuture.concat)."""
-        kind = self._kind()
-        if kind == "dataproto":
-            return DataProto.concat(list(self.data))
-        if kind == "tensordict":
-            return tu.concat_tensordict(list(self.data))
-        if kind == "refs":
-            return DataProtoFuture.concat(list(self.data))
-        types = (
-            sorted({type(o).__name__ for o in self.data})
-            if isinstance(self.data, (list, tuple))
-            else [type(self.data).__name__]
-        )
-        raise TypeError(
-            f"BatchData.concat needs a non-empty list of DataProto, TensorDict or ray.ObjectRef, got {types}"
-        )

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import load_build_script
+from conftest import build_tiny_model, save_model_dir
 from test_sft import _config, _sft_data, tokenizer  # noqa: F401 (fixture)
 from test_workers import make_config
 
@@ -19,28 +19,16 @@ def tiny_model_dir(tmp_path_factory, tokenizer):  # noqa: F811
     """A 2-layer, hidden-32 Llama with the embedded tokenizer and N(0, 0.2) weights. With the
     default 0.02 init the frozen output head gives near-uniform logits that no adapter on the
     hidden layers can sharpen; larger weights stand in for a pretrained base."""
-    bed = load_build_script()
-    d = tmp_path_factory.mktemp("tiny_lora_sft_model")
-    model = bed.build_model(
-        tokenizer,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        seed=0,
-    )
+    model = build_tiny_model(tokenizer)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.2, generator=g)
-    model.save_pretrained(d)
-    bed.save_tokenizer(tokenizer, d)
-    return str(d)
+    return save_model_dir(model, tokenizer, tmp_path_factory.mktemp("tiny_lora_sft_model"))
 
 
+@pytest.mark.slow
 def test_sft_lora_trains_an_adapter_that_rl_continues(tmp_path, tiny_model_dir, tokenizer):  # noqa: F811
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

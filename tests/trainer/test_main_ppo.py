@@ -14,37 +14,31 @@ from verl.trainer.ppo.utils import Role
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_cli_rejects_a_bad_value_naming_the_key():
+def _main_ppo(*overrides: str) -> subprocess.CompletedProcess:
+    """`python -m verl.trainer.main_ppo <overrides>` from the repository root (stdout/stderr captured)."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "verl.trainer.main_ppo",
-            "algorithm.adv_estimator=grpo",
-            "actor_rollout_ref.rollout.n=1",
-        ],
+    return subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", *overrides],
         capture_output=True,
         text=True,
         env=env,
         cwd=str(REPO),
         timeout=120,
+        check=False,
     )
+
+
+@pytest.mark.slow
+def test_cli_rejects_a_bad_value_naming_the_key():
+    proc = _main_ppo("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")
     assert proc.returncode != 0
     assert "actor_rollout_ref.rollout.n=1" in proc.stderr and "adv_estimator='grpo'" in proc.stderr
     assert "_init_ray" not in proc.stderr  # failed in validation, before Ray was started
 
 
+@pytest.mark.slow
 def test_cli_rejects_an_unknown_key():
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "+trainer.totl_epochs=3"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(REPO),
-        timeout=120,
-    )
+    proc = _main_ppo("+trainer.totl_epochs=3")
     assert proc.returncode != 0 and "trainer.totl_epochs" in proc.stderr
 
 
@@ -59,23 +53,9 @@ def test_resource_pool_layout_colocates_by_default_and_splits_on_request():
     assert mgr.get_n_gpus() == 3
 
 
+@pytest.mark.slow
 def test_cli_override_typo_names_the_closest_key():
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "verl.trainer.main_ppo",
-            "actor_rollout_ref.actor.ppo_mini_batchsize=16",
-            "hydra.run.dir=/tmp/never_used",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(REPO),
-        timeout=120,
-        check=False,
-    )
+    proc = _main_ppo("actor_rollout_ref.actor.ppo_mini_batchsize=16", "hydra.run.dir=/tmp/never_used")
     assert proc.returncode == 1
     assert "Could not override 'actor_rollout_ref.actor.ppo_mini_batchsize'" in proc.stderr
     assert "did you mean actor_rollout_ref.actor.ppo_mini_batch_size" in proc.stderr

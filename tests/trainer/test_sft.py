@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import load_build_script
+from conftest import build_tiny_model, save_model_dir
 from omegaconf import OmegaConf
 
 from verl.utils.dataset.sft_dataset import SFTDataset
@@ -27,21 +27,7 @@ def tokenizer(embedded_tokenizer):
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, tokenizer):
     """A 2-layer, hidden-32 Llama with the embedded tokenizer."""
-    bed = load_build_script()
-    d = tmp_path_factory.mktemp("tiny_model")
-    model = bed.build_model(
-        tokenizer,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        seed=0,
-    )
-    model.save_pretrained(d)
-    bed.save_tokenizer(tokenizer, d)
-    return str(d)
+    return save_model_dir(build_tiny_model(tokenizer), tokenizer, tmp_path_factory.mktemp("tiny_model"))
 
 
 def _parquet(path, rows):

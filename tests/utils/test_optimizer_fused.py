@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -96,6 +97,7 @@ def _dp_worker(rank, path, init_file, out_file):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_fused_adamw_on_fsdp2_shards_equals_single_tensor(tmp_path):
     from transformers import AutoModelForCausalLM
 

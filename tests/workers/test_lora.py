@@ -192,6 +192,7 @@ def _ws2_worker(rank: int, port: int, path: str, out_dir: str):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_lora_actor_world_size_2_equals_world_size_1(tiny, tmp_path):
     import socket
 

@@ -130,20 +130,7 @@ def _conform(value: Any, tp: Any, key: str) -> Any:
             return None
         raise _Mismatch
     if _is_union(tp):
-        args = typing.get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise _Mismatch
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:  # `X | None`: the error about X (e.g. inside a section) is the useful one
-            return _conform(value, options[0], key)
-        for arg in options:
-            try:
-                return _conform(value, arg, key)
-            except (_Mismatch, ConfigTypeError):
-                continue
-        raise _Mismatch
+        return _conform_union(value, tp, key)
     if value is None:
         raise _Mismatch
     if tp is bool:
@@ -170,26 +157,8 @@ def _conform(value: Any, tp: Any, key: str) -> Any:
         if value in args:
             return value
         raise _Mismatch
-    if tp is list or origin is list:
-        if isinstance(value, str) and args and args[0] is str:
-            return [value]  # `trainer.logger=console`
-        if not isinstance(value, (list, tuple)):
-            raise _Mismatch
-        if not args:
-            return list(value)
-        return [_conform_item(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is tuple or origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise _Mismatch
-        if not args:
-            return value
-        if len(args) == 2 and args[1] is Ellipsis:
-            return type(value)(_conform_item(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise _Mismatch
-        return type(value)(
-            _conform_item(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=False))
-        )
+    if tp in (list, tuple) or origin in (list, tuple):
+        return _conform_sequence(value, tp is list or origin is list, args, key)
     if tp is dict or origin is dict:
         if not isinstance(value, dict):
             raise _Mismatch
@@ -207,6 +176,40 @@ def _conform(value: Any, tp: Any, key: str) -> Any:
             return value
         raise _Mismatch
     return value  # an annotation this checker does not model (Callable, ...): left to the dataclass
+
+
+def _conform_union(value: Any, tp: Any, key: str) -> Any:
+    args = typing.get_args(tp)
+    if value is None:
+        if type(None) in args:
+            return None
+        raise _Mismatch
+    options = [a for a in args if a is not type(None)]
+    if len(options) == 1:  # `X | None`: the error about X (e.g. inside a section) is the useful one
+        return _conform(value, options[0], key)
+    for arg in options:
+        try:
+            return _conform(value, arg, key)
+        except (_Mismatch, ConfigTypeError):
+            continue
+    raise _Mismatch
+
+
+def _conform_sequence(value: Any, is_list: bool, args: tuple, key: str) -> Any:
+    """`value` as a ``list[args[0]]`` (`is_list`) or a ``tuple[args]``; raises _Mismatch."""
+    if is_list and isinstance(value, str) and args and args[0] is str:
+        return [value]  # `trainer.logger=console`
+    if not isinstance(value, (list, tuple)):
+        raise _Mismatch
+    if is_list:
+        return [_conform_item(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else list(value)
+    if not args:
+        return value
+    if len(args) == 2 and args[1] is Ellipsis:
+        return type(value)(_conform_item(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if len(value) != len(args):
+        raise _Mismatch
+    return type(value)(_conform_item(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=False)))
 
 
 def _conform_item(value: Any, tp: Any, key: str) -> Any:

@@ -7,7 +7,9 @@ Names follow upstream verl's `verl.utils.tensordict_utils` where it has them. A 
 - per-row Python objects (strings, lists, dicts) as a `NonTensorStack` of length ``bs``;
 - batch-wide values (a config dict, a step number) as `NonTensorData`.
 
-The serialisation pair `tensordict_to_state` / `tensordict_from_state` turns a TensorDict of plain
+`serialize_tensordict` / `deserialize_tensordict` (upstream's, re-exported by `verl.protocol`) turn a
+TensorDict of tensors into plain tuples of dtype names, shapes and byte arrays. The serialisation pair
+`tensordict_to_state` / `tensordict_from_state` turns a TensorDict of plain
 tensors into flat byte buffers (numpy uint8 views of the tensor storage) so pickling and Ray
 transport never create per-row Python objects and Ray can ship the buffers out of band.
 """
@@ -23,20 +25,13 @@ import torch
 from tensordict import TensorDict
 from tensordict.tensorclass import NonTensorData, NonTensorStack
 
+from verl.utils.protocol_utils import ProtocolError, mini_batch_indices, values_equal
+
 logger = logging.getLogger(__name__)
 
 
-class ProtocolError(ValueError, AssertionError):
-    """A data-layer contract is broken: two TensorDicts / DataProtos disagree where they must
-    agree (a union or concat conflict, different row counts), or a batch cannot be split as asked.
-
-    Upstream signals these cases with ``assert`` (AssertionError); this error is both a
-    ValueError and an AssertionError, so code written against either keeps working. Messages
-    start with upstream's words and then say what to do.
-    """
-
-
 __all__ = [
+    "ProtocolError",
     "assign_non_tensor",
     "assign_non_tensor_data",
     "assign_non_tensor_stack",
@@ -46,6 +41,8 @@ __all__ = [
     "concat_tensordict",
     "concat_tensordict_with_none_bsz",
     "contiguous",
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
     "get",
     "get_keys",
     "get_non_tensor_data",
@@ -58,6 +55,8 @@ __all__ = [
     "pad_to_divisor",
     "pop",
     "pop_keys",
+    "serialize_single_tensor",
+    "serialize_tensordict",
     "tensordict_from_state",
     "tensordict_to_state",
     "union_tensor_dict",
@@ -454,10 +453,8 @@ def make_iterator(
     dataloader_kwargs: dict | None = None,
 ) -> Iterator[TensorDict]:
     """Yield mini-batches of `mini_batch_size` rows for `epochs` passes (see `DataProto.make_iterator`)."""
-    from verl.protocol import _mini_batch_indices
-
     n = tensordict.batch_size[0]
-    for idx in _mini_batch_indices(n, mini_batch_size, epochs, seed, dataloader_kwargs):
+    for idx in mini_batch_indices(n, mini_batch_size, epochs, seed, dataloader_kwargs):
         yield index_select_tensor_dict(tensordict, torch.from_numpy(idx))
 
 
@@ -479,9 +476,7 @@ def assert_tensordict_eq(tensordict1: TensorDict, tensordict2: TensorDict) -> No
             else:
                 assert v1.shape == v2.shape and torch.equal(v1, v2), f"{key!r}: tensors differ"
         else:
-            from verl.protocol import _values_equal  # deferred: verl.protocol imports this module
-
-            assert _values_equal(_plain(v1), _plain(v2)), f"{key!r}: values differ"
+            assert values_equal(_plain(v1), _plain(v2)), f"{key!r}: values differ"
 
 
 def contiguous(data: TensorDict) -> TensorDict:
@@ -541,6 +536,70 @@ def list_of_dict_to_tensordict(list_of_dicts: list[dict[str, Any]]) -> TensorDic
 
 
 # ----------------------------------------------------------------------------- serialisation
+
+
+def serialize_single_tensor(obj: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """A tensor as plain data: ``(dtype name without "torch.", shape, flat uint8 numpy view of the
+    bytes)``. Tensors off the CPU are copied to host memory first; the device is not recorded."""
+    t = obj.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    data = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+    return str(t.dtype).removeprefix("torch."), tuple(t.shape), data
+
+
+def deserialize_single_tensor(arr: Any) -> torch.Tensor:
+    """Inverse of `serialize_single_tensor` (the bytes are copied, so the tensor is writable)."""
+    dtype_name, shape, data = arr
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {dtype_name!r} in serialized tensor")
+    raw = bytearray(memoryview(data).cast("B")) if not isinstance(data, (bytes, bytearray)) else bytearray(data)
+    if not raw:
+        return torch.empty(tuple(shape), dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(tuple(shape))
+
+
+def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None, dict[str, tuple]]:
+    """A TensorDict of tensors as plain data: ``(batch_size, device or None, {key: encoding})``.
+
+    A strided tensor is encoded by `serialize_single_tensor` (a 3-tuple); a nested tensor as
+    ``(layout name, [3-tuple per row])``. Non-tensor entries are not supported (TypeError naming
+    the key): pickle the TensorDict itself for those.
+    """
+    items: dict[str, tuple] = {}
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"serialize_tensordict: entry {key!r} is a {type(value).__name__}; only tensors can "
+                "be serialized this way"
+            )
+        if value.is_nested:
+            items[key] = (
+                str(value.layout).removeprefix("torch."),
+                [serialize_single_tensor(row) for row in value.unbind()],
+            )
+        else:
+            items[key] = serialize_single_tensor(value)
+    device = str(batch.device) if batch.device is not None else None
+    return tuple(batch.batch_size), device, items
+
+
+def deserialize_tensordict(arr: Any) -> TensorDict:
+    """Inverse of `serialize_tensordict`."""
+    batch_size, device, items = arr
+    decoded: dict[str, torch.Tensor] = {}
+    for key, enc in items.items():
+        if len(enc) == 3:
+            decoded[key] = deserialize_single_tensor(enc)
+        elif len(enc) == 2:
+            layout_name, rows = enc
+            decoded[key] = torch.nested.as_nested_tensor(
+                [deserialize_single_tensor(r) for r in rows], layout=getattr(torch, layout_name)
+            )
+        else:
+            raise ValueError(f"Invalid tensor encoding format for {key!r}, expected length 2 or 3, got {len(enc)}")
+    return TensorDict(source=decoded, batch_size=batch_size, device=device)
 
 
 def tensordict_to_state(td: TensorDict | None) -> dict | None:

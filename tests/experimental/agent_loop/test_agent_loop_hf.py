@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import load_build_script
+from conftest import build_tiny_model, load_build_script
 
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.protocol import DataProto
@@ -51,16 +51,7 @@ def tiny_calc(tmp_path_factory):
     torch.set_num_threads(1)
     bs = load_build_script()
     tok = bs.build_calculator_tokenizer()
-    model = bs.build_model(
-        tok,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        seed=0,
-    )
+    model = build_tiny_model(tok, num_heads=4, num_kv_heads=2, max_position_embeddings=512)
     with torch.no_grad():  # make EOS likely so turns end at different lengths
         model.lm_head.weight[tok.eos_token_id] *= 4.0
     path = tmp_path_factory.mktemp("tools") / "tools.yaml"

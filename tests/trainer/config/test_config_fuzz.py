@@ -350,12 +350,14 @@ def _outcome(entry, paths) -> str | None:
     return "no error"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", BAD, ids=_ids(BAD))
 def test_bad_mutation_fails_before_ray_naming_key_and_accepted(entry, paths, no_ray):
     problem = _outcome(entry, paths)
     assert problem is None, problem
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", GOOD, ids=["|".join(g) or "default" for g in GOOD])
 def test_valid_mutation_reaches_ray(overrides, paths, no_ray):
     with pytest.raises(_ReachedRay):

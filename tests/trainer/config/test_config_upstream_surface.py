@@ -273,6 +273,7 @@ def test_keys_upstream_lacks_are_appendable_with_plus_through_hydra_itself():
     assert v.rollout.n == 3 and v.algorithm.gamma == 0.9 and v.ray_kwargs.ray_init["num_gpus"] == 0
 
 
+@pytest.mark.slow
 def test_every_dataclass_key_missing_from_the_yaml_is_appendable():
     tree = yaml_tree()
     only_ours = sorted(

@@ -416,6 +416,7 @@ def _params():
         yield pytest.param(i, id=i.name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("invocation", list(_params()))
 def test_upstream_invocation(invocation, paths):
     passed, what = check(invocation, paths)

@@ -8,12 +8,16 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from verl.utils.reward_score import default_compute_score
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures"
 SCRIPTS = ROOT / "scripts" / "data_preprocess"
+
+# every test runs a preprocessing script in a subprocess
+pytestmark = pytest.mark.slow
 
 
 def _run(script, *args, env_extra=None):

@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_workers_common import PROMPTS, RESPONSES, build_tiny_llama, make_batch, reference_log_probs
+from conftest import load_tiny_llama
+from test_workers_common import PROMPTS, RESPONSES, make_batch, reference_log_probs
 
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
@@ -20,13 +21,7 @@ from verl.workers.config import ActorConfig
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_num_threads(1)
-    path = build_tiny_llama(str(tmp_path_factory.mktemp("tiny_actor")))
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
-    return path, tok, model
+    return load_tiny_llama(str(tmp_path_factory.mktemp("tiny_actor")))
 
 
 def _data(tok, advantages_seed=0, n_groups=4):
@@ -343,6 +338,7 @@ def _meter_worker(rank, init_file, out_file):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_step_meter_agrees_on_metric_names_across_ranks(tmp_path):
     import torch.multiprocessing as mp
 

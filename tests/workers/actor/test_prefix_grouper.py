@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_workers_common import build_tiny_llama, make_batch, reference_log_probs
+from conftest import load_tiny_llama
+from test_workers_common import make_batch, reference_log_probs
 
 from verl.protocol import DataProto
 from verl.utils.seqlen_balancing import group_shared_prompts
@@ -32,13 +33,7 @@ GROUP_RESPONSES = [
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_num_threads(1)
-    path = build_tiny_llama(str(tmp_path_factory.mktemp("tiny_pg")))
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
-    return path, tok, model
+    return load_tiny_llama(str(tmp_path_factory.mktemp("tiny_pg")))
 
 
 def _grouped_batch(tok, seed=0, interleave=True):
@@ -207,6 +202,7 @@ def _dp_worker(rank, path, init_file, out_file, use_pg):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_on_equals_off(tiny, tmp_path):
     path, _, _ = tiny
     results = {}

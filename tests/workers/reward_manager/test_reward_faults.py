@@ -136,6 +136,7 @@ def _in_thread(fn):
     return box["value"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [NaiveRewardManager, DAPORewardManager])
 def test_timeout_off_the_main_thread_runs_in_a_killable_worker(cls):
     mgr = cls(CharTokenizer(), 0, sleeps_on_nine, timeout=1.0, error_score=-1.0)
@@ -174,6 +175,7 @@ def test_batch_manager_timeout_marks_the_whole_batch():
     assert out["reward_tensor"].sum(-1).tolist() == [1.0, 1.0]
 
 
+@pytest.mark.slow
 def test_batch_manager_timeout_off_the_main_thread():
     mgr = BatchRewardManager(CharTokenizer(), 0, batched_sleeper, timeout=1.0)
     try:
@@ -340,6 +342,7 @@ def _refuse_to_load():
     raise KeyError("no such scorer here")
 
 
+@pytest.mark.slow
 def test_a_scorer_that_cannot_load_in_a_worker_is_named():
     mgr = PrimeRewardManager(CharTokenizer(), 0, _FailsToLoadInAWorker(), num_processes=1, timeout=5.0)
     try:

@@ -22,8 +22,12 @@ from collections.abc import Callable
 from functools import partial, wraps
 from typing import Any
 
-from verl.protocol import DataProto, DataProtoFuture, _padding_size_key, pad_dataproto_to_divisor
+from verl.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor
 from verl.utils.py_functional import DynamicEnum
+
+# Keyword the dispatcher adds to a worker call to say how many padding rows it appended; the
+# worker-group proxy removes it again before the call and strips that many rows from the result.
+_padding_size_key = "_padding_size_key_x123d"
 
 __all__ = [
     "MAGIC_ATTR",

@@ -28,18 +28,13 @@ from ray.exceptions import GetTimeoutError
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from verl.protocol import (
-    DataProto,
-    DataProtoFuture,
-    WorkerCallError,
-    _padding_size_key,
-    _ray_get_labeled,
-    _RefLabel,
-    unpad_dataproto,
-)
-from verl.single_controller.base.decorator import MAGIC_ATTR
+from verl.protocol import DataProto, DataProtoFuture, unpad_dataproto
+from verl.single_controller.base.decorator import MAGIC_ATTR, _padding_size_key
 from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker, WorkerHelper
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
+from verl.single_controller.ray.calls import RefLabel as _RefLabel
+from verl.single_controller.ray.calls import WorkerCallError
+from verl.single_controller.ray.calls import ray_get_labeled as _ray_get_labeled
 
 logger = logging.getLogger(__name__)
 

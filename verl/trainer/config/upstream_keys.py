@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import fnmatch
+import functools
 import logging
 import typing
 import warnings
@@ -36,15 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 logger = logging.getLogger(__name__)
 
 YAML_PATH = Path(__file__).with_name("ppo_trainer.yaml")
-
-# Not implemented here; the LoRA keys (`lora_rank`, `lora_alpha`, `target_modules`,
-# `exclude_modules`, `lora_adapter_path`, `lora.*`, `save_lora_only`) are left out of this table
-# on purpose: the LoRA work adds them together with their implementation.
 
 KIND_NAMES = {"a": "implemented", "b": "no effect here", "c": "not available"}
 
@@ -67,371 +65,16 @@ class Rule:
     refuse: tuple = ()
 
 
-_NO_ENGINE = "upstream's engine-worker copy of an actor/ref key; here the actor/ref key of the same name applies"
-_COLOCATED = "the rollout runs inside the actor's worker processes (hybrid engine), on their devices"
-_PROFILER = (
-    "the per-role profilers (nsys, npu, torch, torch_memory, precision_debugger)",
-    "trainer.log_dir metrics and timing/* metrics",
-)
-_MULTIMODAL = ("multimodal (image/video/audio) inputs", "text prompts")
-_RM_ROLLOUT = "the reward model here is an FSDP sequence-classification worker, not a served rollout engine"
+RULES_PATH = Path(__file__).with_name("upstream_rules.yaml")
 
-RULES: tuple[Rule, ...] = (
-    # ------------------------------------------------------------------ actor / ref / critic engine
-    Rule("*.megatron.*", "c", "Megatron-LM training", "FSDP2 (strategy=fsdp)"),
-    Rule("*.strategy", "c", "Megatron-LM training", "fsdp, fsdp2 (FSDP2 for both)", accept=("fsdp", "fsdp2")),
-    Rule("*.optim.optimizer", "c", "optimizers other than AdamW", "AdamW", accept=("AdamW", "adamw")),
-    Rule(
-        "*.optim.optimizer_impl",
-        "c",
-        "optimizer implementations other than torch.optim",
-        "torch.optim",
-        accept=("torch.optim",),
-    ),
-    Rule("*.optim.clip_grad", "b", "gradient clipping here is actor_rollout_ref.actor.grad_clip / critic.grad_clip"),
-    Rule("*.optim.zero_indexed_step", "b", "the learning-rate schedule here always counts optimizer steps from 0"),
-    Rule(
-        "*.optim.override_optimizer_config",
-        "c",
-        "optimizer overrides (Megatron distributed optimizer)",
-        "the AdamW keys of *.optim",
-    ),
-    Rule(
-        "*.fsdp_config.offload_policy",
-        "b",
-        "FSDP2 CPUOffloadPolicy: here param_offload/optimizer_offload move whole modules between phases",
-    ),
-    Rule(
-        "*.fsdp.offload_policy",
-        "b",
-        "FSDP2 CPUOffloadPolicy: here param_offload/optimizer_offload move whole modules between phases",
-    ),
-    Rule("*.forward_prefetch", "b", "FSDP2 here prefetches with its defaults"),
-    Rule("*.fsdp_config.use_orig_params", "b", "an FSDP1 option: FSDP2 always keeps the original parameters"),
-    Rule("*.fsdp.use_orig_params", "b", "an FSDP1 option: FSDP2 always keeps the original parameters"),
-    Rule("*.fsdp_config.seed", "b", "worker seeds here are trainer.seed + rank"),
-    Rule("*.fsdp.seed", "b", "worker seeds here are trainer.seed + rank"),
-    Rule(
-        "*.full_determinism",
-        "c",
-        "full-determinism mode (deterministic kernels)",
-        "trainer.seed for reproducible sampling",
-    ),
-    Rule("*.ulysses_sequence_parallel_size", "c", "Ulysses sequence parallelism", "1", accept=(1,)),
-    Rule("*.fsdp_config.entropy_from_logits_with_chunking", "b", _NO_ENGINE),
-    Rule("*.fsdp_config.entropy_from_logits_chunk_size", "b", _NO_ENGINE),
-    Rule("*.fsdp_config.entropy_checkpointing", "b", _NO_ENGINE),
-    Rule("*.fsdp_config.pad_to_length", "b", _NO_ENGINE),
-    Rule("*.fsdp_config.pad_to_length_bucket", "b", _NO_ENGINE),
-    Rule("*.fsdp_config.forward_only", "b", _NO_ENGINE),
-    Rule("*.fsdp_config.strategy", "b", _NO_ENGINE),
-    Rule(
-        "*.fsdp_config.dtype",
-        "b",
-        "the compute dtype here is fsdp_config.mixed_precision.param_dtype (bf16 on CUDA, fp32 on CPU)",
-    ),
-    Rule(
-        "*.fsdp_config.use_no_sync_for_gradient_accumulation", "b", "FSDP2 here reduces gradients once per mini-batch"
-    ),
-    Rule("*.fsdp_config.use_torch_compile", "b", "torch.compile is not applied: models run eager here"),
-    Rule("*.fsdp.entropy_*", "b", _NO_ENGINE),
-    Rule("*.fsdp.pad_to_length*", "b", _NO_ENGINE),
-    Rule("*.fsdp.forward_only", "b", _NO_ENGINE),
-    Rule("*.fsdp.strategy", "b", _NO_ENGINE),
-    Rule("*.fsdp.dtype", "b", "the compute dtype here is fsdp.mixed_precision.param_dtype (bf16 on CUDA, fp32 on CPU)"),
-    Rule("*.fsdp.use_no_sync_for_gradient_accumulation", "b", "FSDP2 here reduces gradients once per mini-batch"),
-    Rule("*.fsdp.use_torch_compile", "b", "torch.compile is not applied: models run eager here"),
-    Rule("*.qat.*", "c", "quantization-aware training (QAT)", "bf16/fp32 training"),
-    Rule("*.qat", "c", "quantization-aware training (QAT)", "bf16/fp32 training"),
-    Rule("*.turbo_config.*", "c", "the TorchTitan/turbo training engine", "FSDP2"),
-    Rule("*.router_replay.*", "c", "MoE router replay", "dense and MoE models without replay"),
-    Rule("*.profiler.*", "c", *_PROFILER),
-    Rule("actor_rollout_ref.actor.freeze_vision_tower", "c", *_MULTIMODAL),
-    Rule("actor_rollout_ref.actor.use_torch_compile", "b", "torch.compile is not applied: models run eager here"),
-    Rule("actor_rollout_ref.ref.use_torch_compile", "b", "torch.compile is not applied: models run eager here"),
-    Rule(
-        "actor_rollout_ref.actor.use_fused_kernels",
-        "b",
-        "log-probs and entropy here come from the logits (no fused kernels)",
-    ),
-    Rule(
-        "actor_rollout_ref.actor.calculate_entropy",
-        "b",
-        "the actor here computes the entropy it logs (actor/entropy) in every update",
-    ),
-    Rule(
-        "actor_rollout_ref.actor.calculate_sum_pi_squared",
-        "c",
-        "sum of squared policy probabilities (optimal-token-baseline estimators)",
-        "the registered advantage estimators",
-    ),
-    Rule("*.entropy_from_logits_chunk_size", "b", "the chunked entropy here uses a fixed chunk size"),
-    Rule("*.entropy_checkpointing", "b", "entropy activations are not checkpointed separately here"),
-    Rule("*.pad_to_length", "b", "sequences are packed without padding buckets here"),
-    Rule("actor_rollout_ref.actor.use_remove_padding", "b", "here actor_rollout_ref.model.use_remove_padding decides"),
-    Rule("*.checkpoint.load_contents", "b", "a checkpoint here restores what it holds (see save_contents)"),
-    Rule("*.checkpoint.async_save", "c", "asynchronous checkpoint saving", "synchronous atomic saving"),
-    Rule("*.checkpoint.strict", "b", "checkpoints here always load strictly"),
-    Rule("actor_rollout_ref.ref.rollout_n", "b", "the reference policy here does not use rollout.n"),
-    Rule(
-        "actor_rollout_ref.hybrid_engine",
-        "c",
-        "separate (not colocated) actor and rollout workers (a standalone rollout role would never receive "
-        "the actor's updated weights and would sample from the initial policy for the whole run)",
-        "true",
-        accept=(True,),
-    ),
-    Rule("critic.loss_scale_factor", "b", "the value loss here is aggregated by critic.loss_agg_mode alone"),
-    Rule("actor_rollout_ref.nccl_timeout", "b", "process groups here use torch.distributed's default timeout"),
-    # ------------------------------------------------------------------ rollout
-    Rule(
-        "actor_rollout_ref.rollout.name",
-        "c",
-        "this rollout engine (SGLang, TensorRT-LLM)",
-        "hf, vllm",
-        accept=("hf", "vllm"),
-        refuse=("sglang", "trtllm"),
-    ),
-    Rule("actor_rollout_ref.rollout.nnodes", "b", _COLOCATED),
-    Rule("actor_rollout_ref.rollout.n_gpus_per_node", "b", _COLOCATED),
-    Rule("actor_rollout_ref.rollout.seed", "b", "sampling seeds here are trainer.seed + rank"),
-    Rule(
-        "actor_rollout_ref.rollout.cudagraph_capture_sizes",
-        "b",
-        "vllm here uses its default CUDA-graph sizes (or none with enforce_eager)",
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.data_parallel_size",
-        "c",
-        "rollout data parallelism inside one engine",
-        "1 (one engine per worker)",
-        accept=(1,),
-    ),
-    Rule("actor_rollout_ref.rollout.expert_parallel_size", "c", "rollout expert parallelism", "1", accept=(1,)),
-    Rule(
-        "actor_rollout_ref.rollout.pipeline_model_parallel_size", "c", "rollout pipeline parallelism", "1", accept=(1,)
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.max_model_len",
-        "b",
-        "the engine's context length here is prompt_length + response_length",
-    ),
-    Rule("actor_rollout_ref.rollout.enable_prefix_caching", "b", "vllm here runs with its default prefix caching"),
-    Rule(
-        "actor_rollout_ref.rollout.logprobs_mode",
-        "c",
-        "raw (unprocessed) rollout log-probs",
-        "processed_logprobs (log-probs of the sampling distribution)",
-        accept=("processed_logprobs",),
-    ),
-    Rule("actor_rollout_ref.rollout.scheduling_policy", "b", "vllm here schedules first come, first served"),
-    Rule(
-        "actor_rollout_ref.rollout.load_format",
-        "b",
-        "the engine's weights are synced from the actor before each generation",
-    ),
-    Rule("actor_rollout_ref.rollout.layered_summon", "b", "weights are synced in one in-process copy here"),
-    Rule("actor_rollout_ref.rollout.disable_log_stats", "b", "engine statistics are not logged here"),
-    Rule(
-        "actor_rollout_ref.rollout.over_sample_rate",
-        "c",
-        "over-sampling with early stop of the slowest responses",
-        "0",
-        accept=(0, 0.0),
-    ),
-    Rule("actor_rollout_ref.rollout.multi_stage_wake_up", "b", "weights and KV cache are restored in one step here"),
-    Rule(
-        "actor_rollout_ref.rollout.engine_kwargs.sglang*", "c", "SGLang rollout", "engine_kwargs.vllm, engine_kwargs.hf"
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.engine_kwargs.trtllm*",
-        "c",
-        "TensorRT-LLM rollout",
-        "engine_kwargs.vllm, engine_kwargs.hf",
-    ),
-    # the agent loop (verl.experimental.agent_loop) implements multi_turn.* and agent.* but these
-    Rule(
-        "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts",
-        "c",
-        "repeated multi-turn rollouts per sample",
-        "rollout.n samples per prompt",
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.agent.custom_async_server.*",
-        "c",
-        "a custom async generation server",
-        "the batching server over the hf engine",
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.checkpoint_engine.backend",
-        "c",
-        "checkpoint engines for weight sync",
-        "naive (in-process copy)",
-        accept=("naive",),
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.checkpoint_engine.*",
-        "b",
-        "weights are synced in-process between colocated roles, without buckets",
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.trace.backend",
-        "c",
-        "rollout tracing (weave, mlflow)",
-        "trainer.rollout_data_dir (jsonl of every step)",
-        accept=(None,),
-    ),
-    Rule("actor_rollout_ref.rollout.trace.*", "b", "used only by rollout tracing, which is not available"),
-    Rule("actor_rollout_ref.rollout.skip_tokenizer_init", "b", "the engine here decodes with the actor's tokenizer"),
-    Rule(
-        "actor_rollout_ref.rollout.enable_rollout_routing_replay", "c", "MoE routing replay", "rollouts without replay"
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.moe_load_balance_metrics_interval", "c", "MoE load-balance metrics", "0", accept=(0,)
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.prometheus.*",
-        "c",
-        "Prometheus metrics of the rollout server",
-        "trainer.logger backends",
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.quantization", "c", "quantized rollouts", "bf16/fp16/fp32 rollouts (rollout.dtype)"
-    ),
-    Rule(
-        "actor_rollout_ref.rollout.quantization_config_file",
-        "c",
-        "quantized rollouts",
-        "bf16/fp16/fp32 rollouts (rollout.dtype)",
-    ),
-    Rule("actor_rollout_ref.rollout.mtp", "c", "multi-token prediction (speculative decoding)", "plain decoding"),
-    Rule("actor_rollout_ref.rollout.mtp.*", "c", "multi-token prediction (speculative decoding)", "plain decoding"),
-    Rule("actor_rollout_ref.rollout.disaggregation.*", "c", "prefill/decode disaggregation", "one engine per worker"),
-    # ------------------------------------------------------------------ models
-    Rule("*.model.hf_config_path", "c", "a model config.json apart from the weights", "model.override_config"),
-    Rule("*.model.use_shm", "b", "models are read from local disk here (no shared-memory copy)"),
-    Rule("*.model.enable_activation_offload", "c", "activation offloading", "model.enable_gradient_checkpointing"),
-    Rule("*.model.use_liger", "c", "Liger kernels", "the Hugging Face model code"),
-    Rule("*.model.use_fused_kernels", "b", "log-probs and entropy here come from the logits (no fused kernels)"),
-    Rule("*.model.fused_kernel_options.*", "b", "log-probs and entropy here come from the logits (no fused kernels)"),
-    Rule("*.model.tiled_mlp.*", "c", "tiled MLP", "model.enable_gradient_checkpointing"),
-    Rule("*.model.mtp.*", "c", "multi-token prediction", "plain next-token training"),
-    Rule(
-        "*.model.torch_dtype",
-        "b",
-        "master weights here are fsdp_config.model_dtype and the compute dtype fsdp_config.mixed_precision.param_dtype",
-    ),
-    # ------------------------------------------------------------------ data
-    Rule("data.use_shm", "b", "data files are read from local disk here"),
-    Rule("data.train_max_samples", "c", "limiting the number of training samples", "-1 (all rows)", accept=(-1,)),
-    Rule("data.val_max_samples", "c", "limiting the number of validation samples", "-1 (all rows)", accept=(-1,)),
-    Rule(
-        "data.gen_batch_size",
-        "b",
-        "each generation round here draws data.train_batch_size prompts (algorithm.filter_groups keeps generating)",
-    ),
-    Rule("data.tool_config_path", "c", "tool calling", "single-turn generation"),
-    Rule("data.function_tool_path", "c", "tool calling", "single-turn generation"),
-    Rule(
-        "data.return_raw_input_ids",
-        "b",
-        "a reward model with another tokenizer re-encodes the decoded text here by itself",
-    ),
-    Rule("data.image_patch_size", "c", *_MULTIMODAL),
-    Rule("data.image_key", "c", *_MULTIMODAL),
-    Rule("data.video_key", "c", *_MULTIMODAL),
-    Rule("data.audio_key", "c", *_MULTIMODAL),
-    Rule("data.return_multi_modal_inputs", "c", *_MULTIMODAL),
-    Rule("data.mm_processor_kwargs*", "c", *_MULTIMODAL),
-    Rule("data.filter_overlong_prompts_workers", "b", "prompts are filtered in the driver process here"),
-    Rule("data.trust_remote_code", "b", "the tokenizer here follows actor_rollout_ref.model.trust_remote_code"),
-    Rule("data.apply_chat_template_kwargs*", "c", "extra chat-template arguments", "model.custom_chat_template"),
-    # ------------------------------------------------------------------ reward (legacy reward_model and new reward)
-    Rule("reward_model.num_workers", "b", "scoring here runs in the driver's reward manager"),
-    Rule(
-        "reward_model.enable_resource_pool",
-        "c",
-        "a separate reward-model pool by this key",
-        "trainer.role_pools={rm: [N]}",
-        accept=(None, False),
-    ),
-    Rule(
-        "reward_model.n_gpus_per_node",
-        "c",
-        "a separate reward-model pool by this key",
-        "trainer.role_pools={rm: [N]}",
-        accept=(None,),
-    ),
-    Rule(
-        "reward_model.nnodes",
-        "c",
-        "a separate reward-model pool by this key",
-        "trainer.role_pools={rm: [N]}",
-        accept=(None,),
-    ),
-    Rule(
-        "reward_model.reward_loop_*",
-        "c",
-        "custom reward loops",
-        "reward_model.reward_manager (a registered name or file.py:Class)",
-    ),
-    Rule("reward_model.rollout.*", "b", _RM_ROLLOUT),
-    Rule("reward_model.use_reward_loop", "b", "scoring here always goes through the reward manager (the reward loop)"),
-    Rule("reward.num_workers", "b", "scoring here runs in the driver's reward manager"),
-    Rule(
-        "reward.reward_model.enable_resource_pool",
-        "c",
-        "a separate reward-model pool by this key",
-        "trainer.role_pools={rm: [N]}",
-        accept=(False,),
-    ),
-    Rule(
-        "reward.reward_model.n_gpus_per_node",
-        "b",
-        "the reward-model worker here uses the run's pool or trainer.role_pools.rm",
-    ),
-    Rule(
-        "reward.reward_model.nnodes", "b", "the reward-model worker here uses the run's pool or trainer.role_pools.rm"
-    ),
-    Rule("reward.reward_model.rollout.*", "b", _RM_ROLLOUT),
-    Rule("reward.reward_manager.module.*", "b", "used only with reward.reward_manager.source=importlib"),
-    Rule(
-        "*sandbox_fusion.url",
-        "c",
-        "sandbox fusion (remote code execution)",
-        "rule and custom reward functions",
-        accept=(None,),
-    ),
-    Rule("*sandbox_fusion.*", "b", "used only by sandbox fusion, which is not available"),
-    # ------------------------------------------------------------------ algorithm
-    Rule("algorithm.filter_groups.max_inflight_gen_batches", "b", "generation rounds here run one after the other"),
-    # ------------------------------------------------------------------ sections without a counterpart
-    Rule(
-        "distillation.*",
-        "c",
-        "on-policy distillation from teacher models",
-        "KL to the reference policy (actor.use_kl_loss)",
-    ),
-    Rule("transfer_queue.*", "c", "the transfer queue", "DataProto passed between worker groups"),
-    Rule("skip.*", "c", "rollout caching and replay (skip)", "trainer.rollout_data_dir for dumping rollouts"),
-    Rule("global_profiler.*", "c", *_PROFILER),
-    # ------------------------------------------------------------------ trainer
-    Rule(
-        "trainer.esi_redundant_time",
-        "b",
-        "there is no elastic-scheduling (ESI) save deadline here; use trainer.time_budget_s",
-    ),
-    Rule("trainer.default_hdfs_dir", "c", "copying checkpoints to HDFS", "trainer.default_local_dir", accept=(None,)),
-    Rule(
-        "trainer.del_local_ckpt_after_load",
-        "c",
-        "deleting a checkpoint after loading it",
-        "trainer.max_actor_ckpt_to_keep",
-    ),
-    Rule("trainer.ray_wait_register_center_timeout", "b", "workers here register with the driver directly"),
-    Rule("trainer.use_v1", "b", "there is one trainer loop here"),
-    Rule("trainer.use_legacy_worker_impl", "b", "there is one worker implementation here"),
-)
+
+def _load_rules(path: Path = RULES_PATH) -> tuple[Rule, ...]:
+    """The rule table (data, one rule a line, in match order) from upstream_rules.yaml."""
+    rows = yaml.safe_load(path.read_text())["rules"]
+    return tuple(Rule(**{**row, **{k: tuple(row[k]) for k in ("accept", "refuse") if k in row}}) for row in rows)
+
+
+RULES: tuple[Rule, ...] = _load_rules()
 
 _RULE_CACHE: dict[str, Rule | None] = {}
 
@@ -579,24 +222,35 @@ def apply_embedded_preset(cfg: DictConfig, overrides: list[str] | None, always: 
 
 
 # ----------------------------------------------------------------------------- overrides
-def _yaml_raw() -> dict:
+@functools.cache
+def _load_yaml() -> dict:
     return OmegaConf.to_container(OmegaConf.load(YAML_PATH), resolve=False)
 
 
-def _all_defaults() -> dict:
-    """The yaml's defaults plus the dataclass defaults of the keys the yaml does not list."""
+@functools.cache
+def _load_all_defaults() -> dict:
     tree = _yaml_raw()
     _fill_dataclass_defaults(tree)
     return tree
 
 
+# The yaml and the dataclasses do not change while a process runs, so they are read once (the
+# config checks look keys up in them per key); callers get a copy they may edit.
+def _yaml_raw() -> dict:
+    """ppo_trainer.yaml as plain containers, interpolations not resolved."""
+    return copy.deepcopy(_load_yaml())
+
+
+def _all_defaults() -> dict:
+    """The yaml's defaults plus the dataclass defaults of the keys the yaml does not list."""
+    return copy.deepcopy(_load_all_defaults())
+
+
+_MISSING = object()
+
+
 def _has_path(tree: Any, dotted: str) -> bool:
-    node = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return _get(tree, dotted, _MISSING) is not _MISSING
 
 
 def dataclass_keys() -> set[str]:
@@ -620,30 +274,10 @@ def _walk_fields(cls: type, prefix: str, out: set[str]) -> None:
 
 
 def section_types() -> dict[str, type]:
-    """Config path -> the dataclass of that section."""
-    from verl.trainer.config import AlgoConfig, CustomRewardFunctionConfig, DataConfig, RayKwargsConfig, TrainerConfig
-    from verl.workers.config import (
-        ActorConfig,
-        CriticConfig,
-        HFModelConfig,
-        RefConfig,
-        RewardModelConfig,
-        RolloutConfig,
-    )
+    """Config path -> the dataclass of that section (a copy of `sections.SECTION_DATACLASSES`)."""
+    from verl.trainer.config.sections import SECTION_DATACLASSES
 
-    return {
-        "data": DataConfig,
-        "actor_rollout_ref.model": HFModelConfig,
-        "actor_rollout_ref.actor": ActorConfig,
-        "actor_rollout_ref.ref": RefConfig,
-        "actor_rollout_ref.rollout": RolloutConfig,
-        "critic": CriticConfig,
-        "reward_model": RewardModelConfig,
-        "custom_reward_function": CustomRewardFunctionConfig,
-        "algorithm": AlgoConfig,
-        "trainer": TrainerConfig,
-        "ray_kwargs": RayKwargsConfig,
-    }
+    return dict(SECTION_DATACLASSES)
 
 
 def normalize_overrides(overrides: list[str] | None) -> list[str]:
