@@ -354,20 +354,32 @@ def test_cpu_peak_flops_measurement_leaves_the_global_rng_alone():
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def test_dp_compute_pads_to_the_group_size_and_drops_the_padding():
+def test_dp_compute_lets_the_dispatcher_pad_to_the_group_size_and_drop_the_padding():
+    from verl.protocol import DataProtoConfig, _padding_size_key, unpad_dataproto
+    from verl.single_controller.base.decorator import collect_dp_compute_data_proto, dispatch_dp_compute_data_proto
     from verl.trainer.ppo.ray_trainer import dp_compute
 
     class ThreeWorkers:
+        """Dispatch -> one call per rank -> collect -> unpad, as the Ray proxy does."""
+
         world_size = 3
 
         def compute_ref_log_prob(self, data):
-            # the real dispatch refuses batches that do not split evenly
-            assert len(data) % 3 == 0, len(data)
-            return DataProto.from_dict(tensors={"ref_log_prob": data.batch["x"] * 2.0})
+            self.received = len(data)
+            args, kwargs = dispatch_dp_compute_data_proto(self, data)
+            pad = kwargs.pop(_padding_size_key, 0)
+            self.rows = [len(chunk) for chunk in args[0]]
+            outs = [DataProto.from_dict(tensors={"ref_log_prob": chunk.batch["x"] * 2.0}) for chunk in args[0]]
+            return unpad_dataproto(collect_dp_compute_data_proto(self, outs), pad)
 
     data = DataProto.from_dict(tensors={"x": torch.arange(8.0).unsqueeze(1)})
-    out = dp_compute(ThreeWorkers(), "compute_ref_log_prob", data)
+    group = ThreeWorkers()
+    out = dp_compute(group, "compute_ref_log_prob", data)
+    assert group.received == 8 and group.rows == [3, 3, 3]  # the dispatcher, not the trainer, pads to 9
     assert out.batch["ref_log_prob"].squeeze(1).tolist() == [2.0 * i for i in range(8)]
+    # the caller's batch does not turn padding on (a later update of it must never be padded)
+    assert DataProtoConfig.auto_padding_key not in data.meta_info and not data.is_padding_enabled()
+    assert DataProtoConfig.auto_padding_key not in out.meta_info
 
 
 def test_validation_metrics_match_the_per_prompt_bootstrap():

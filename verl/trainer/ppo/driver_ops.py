@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.protocol import DataProto, DataProtoConfig
 from verl.trainer.ppo import core_algos
 from verl.utils.py_functional import config_get
 from verl.utils.torch_functional import masked_mean, response_span
@@ -310,12 +310,19 @@ def concat_generated(parts: list[DataProto], pad_token_id: int) -> DataProto:
 
 def dp_compute(worker_group, method: str, data: DataProto) -> DataProto:
     """`worker_group.<method>(data)` for a row-wise inference call (generation, log-probs,
-    values, reward-model scores), with `data` padded to a multiple of the group's workers and
-    the padding rows dropped from the result.
+    values, reward-model scores) on a batch of any size.
 
-    Training batches split evenly over the actor's workers, but not necessarily over a group of
-    another size (`trainer.role_pools`), nor do validation batches; the updates are never padded
-    (their batches are cut to whole groups that split evenly, see `trim_to_whole_groups`).
+    Padding is the dispatcher's (`Dispatch.DP_COMPUTE_PROTO` auto-padding, enabled for this call
+    only through a view of `data` whose `meta_info` carries `DataProtoConfig.auto_padding_key`):
+    rows are padded to a multiple of the group's workers and the padding rows dropped from the
+    result. Training batches split evenly over the actor's workers, but not necessarily over a
+    group of another size (`trainer.role_pools`), nor do validation batches. `data` itself is not
+    modified, so a later update of the same batch is never padded (its batch is cut to whole
+    groups that split evenly, see `trim_to_whole_groups`).
     """
-    padded, pad = pad_dataproto_to_divisor(data, worker_group.world_size)
-    return unpad_dataproto(getattr(worker_group, method)(padded), pad)
+    meta = {**data.meta_info, DataProtoConfig.auto_padding_key: True}
+    out = getattr(worker_group, method)(
+        DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta)
+    )
+    out.meta_info.pop(DataProtoConfig.auto_padding_key, None)
+    return out
