@@ -279,6 +279,40 @@ def restore_driver_rng(plain: dict) -> None:
     torch.set_rng_state(rng["torch"])
 
 
+def trainer_state(trainer: RayPPOTrainer) -> dict:
+    """The driver's state saved in `trainer_state.pt`: `global_steps`, `epoch`, `rng` (the
+    driver's generators), `kl_ctrl_value` (adaptive KL in reward) and `callbacks` (each hook's
+    `state_dict()`); `TrainerCheckpointer.save` adds `step_metrics`."""
+    kl = trainer.kl_ctrl_in_reward
+    return {
+        "global_steps": trainer.global_steps,
+        "epoch": trainer.epoch,
+        "rng": driver_rng_state(),
+        "kl_ctrl_value": None if kl is None else kl.value,
+        "callbacks": [cb.state_dict() for cb in trainer.callbacks],
+    }
+
+
+def restore_trainer_state(trainer: RayPPOTrainer, state: dict) -> None:
+    """Restore what `trainer_state` saved (callback states in order; a count mismatch warns)."""
+    trainer.global_steps = int(state["global_steps"])
+    trainer.epoch = int(state["epoch"])
+    restore_driver_rng(state["rng"])
+    trainer._resumed_step_metrics = state.get("step_metrics")
+    if trainer.kl_ctrl_in_reward is not None and state.get("kl_ctrl_value") is not None:
+        trainer.kl_ctrl_in_reward.value = float(state["kl_ctrl_value"])
+    saved = state.get("callbacks", [])
+    if len(saved) != len(trainer.callbacks):
+        logger.warning(
+            "the checkpoint holds the state of %d callbacks but this run has %d; states are restored "
+            "in order and the rest is left as constructed",
+            len(saved),
+            len(trainer.callbacks),
+        )
+    for cb, s in zip(trainer.callbacks, saved, strict=False):
+        cb.load_state_dict(s)
+
+
 class TrainerCheckpointer:
     """Checkpoint cadence, save and resume of one `RayPPOTrainer` (torchtitan-style component).
 

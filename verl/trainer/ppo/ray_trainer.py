@@ -24,6 +24,7 @@ Extension points are hooks on this one loop: subclass and override a phase metho
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -38,8 +39,9 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 from verl.protocol import DataProto
+from verl.trainer.config.derived import DerivedConfig, WorkerSettings, derive, total_training_steps
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.checkpoint import TrainerCheckpointer, driver_rng_state, restore_driver_rng, seed_driver
+from verl.trainer.ppo.checkpoint import TrainerCheckpointer, restore_trainer_state, seed_driver, trainer_state
 from verl.trainer.ppo.core_algos import AdvantageEstimator  # noqa: F401 - upstream users import it from here
 from verl.trainer.ppo.dataloaders import build_dataloaders
 from verl.trainer.ppo.driver_ops import (  # noqa: F401 - upstream users import these names from here
@@ -69,7 +71,7 @@ from verl.trainer.ppo.metric_utils import (
 from verl.trainer.ppo.reward import compute_reward
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
 from verl.trainer.ppo.step_context import StepContext
-from verl.trainer.ppo.utils import Role, ValidatedConfig, reference_in_actor, validate_config
+from verl.trainer.ppo.utils import Role, ValidatedConfig, reference_in_actor, validated_config
 from verl.trainer.ppo.validation import Validator
 from verl.trainer.ppo.worker_groups import ResourcePoolManager, spawn_worker_groups, worker_env
 from verl.utils.py_functional import config_get
@@ -156,7 +158,7 @@ class RayPPOTrainer:
         callbacks: list[TrainerCallback] | None = None,
     ):
         self.config = config
-        self.cfg: ValidatedConfig = validate_config(config)
+        self.cfg: ValidatedConfig = validated_config(config)  # run_ppo's object when it built this trainer
         self.tokenizer = tokenizer
         self.processor = processor
         self.role_worker_mapping = role_worker_mapping
@@ -215,10 +217,11 @@ class RayPPOTrainer:
         )
         self.train_dataset, self.val_dataset = loaders.train_dataset, loaders.val_dataset
         self.train_dataloader, self.val_dataloader = loaders.train_dataloader, loaders.val_dataloader
-        total = len(self.train_dataloader) * self.cfg.trainer.total_epochs
-        if self.cfg.trainer.total_training_steps is not None:
-            total = self.cfg.trainer.total_training_steps
+        derived = self.cfg.derived if self.cfg.derived is not None else derive(self.cfg)
+        total = total_training_steps(self.cfg.trainer, len(self.train_dataloader))
+        self.derived: DerivedConfig = dataclasses.replace(derived, total_training_steps=total)
         self.total_training_steps = total
+        # upstream's workers (and user code) read the schedule length from the config
         with open_dict(self.config):
             self.config.actor_rollout_ref.actor.optim.total_training_steps = total
             if self.use_critic:
@@ -227,11 +230,14 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
         """Create the resource pools and worker groups (colocated per pool) and build the models."""
-        roles = [(Role.ActorRollout, "actor_rollout", dict(config=self.config.actor_rollout_ref, role="actor_rollout"))]
+        seed, arr = self.cfg.trainer.seed, self.config.actor_rollout_ref
+        actor = dict(config=arr, role="actor_rollout", settings=WorkerSettings(seed, self.derived.actor))
+        roles = [(Role.ActorRollout, "actor_rollout", actor)]
         if self.use_critic:
-            roles.append((Role.Critic, "critic", dict(config=self.config.critic)))
+            critic = dict(config=self.config.critic, settings=WorkerSettings(seed, self.derived.critic))
+            roles.append((Role.Critic, "critic", critic))
         if self.use_reference_policy and not self.ref_in_actor:
-            roles.append((Role.RefPolicy, "ref", dict(config=self.config.actor_rollout_ref, role="ref")))
+            roles.append((Role.RefPolicy, "ref", dict(config=arr, role="ref", settings=WorkerSettings(seed))))
         if self.use_rm:
             roles.append((Role.RewardModel, "rm", dict(config=self.config.reward_model)))
         self._worker_groups, all_wg = spawn_worker_groups(
@@ -266,7 +272,7 @@ class RayPPOTrainer:
         self.resource_pool_manager.release()
 
     def _worker_env(self) -> dict[str, str]:
-        return worker_env(self.config, self.device_name, self.cfg.trainer.seed)
+        return worker_env(self.config, self.device_name)
 
     @property
     def dp_size(self) -> int:
@@ -466,7 +472,7 @@ class RayPPOTrainer:
 
     def bypass_mode(self) -> bool:
         """`algorithm.rollout_correction.bypass_mode`: the rollout's log-probs are the old ones."""
-        return bool(config_get(self.cfg.algorithm.rollout_correction, "bypass_mode", False))
+        return bool(self.cfg.algorithm.rollout_correction.bypass_mode)
 
     def compute_old_log_prob(self, batch: DataProto, ctx: StepContext) -> DataProto:
         if self.bypass_mode():
@@ -616,11 +622,11 @@ class RayPPOTrainer:
             experiment_name=tr.experiment_name,
             default_backend=tr.logger,
             config=OmegaConf.to_container(self.config, resolve=True),
-            log_dir=self.config.trainer.get("log_dir"),
+            log_dir=tr.log_dir,
         )
         # for the MFU estimate (perf/mfu/*): the policy's size and one worker's peak FLOP/s
         self._n_params = count_model_params(self.config.actor_rollout_ref.model.path, self.cfg.model.trust_remote_code)
-        self._peak_flops = self.config.trainer.get("peak_flops_per_worker") or peak_flops_per_worker(self.device_name)
+        self._peak_flops = tr.peak_flops_per_worker or peak_flops_per_worker(self.device_name)
         # restore last: nothing may draw from the restored random generators before the next step
         self._load_checkpoint()
         self.checkpointer.relog_saved_step()
@@ -736,35 +742,12 @@ class RayPPOTrainer:
         """Resume per `trainer.resume_mode` (`TrainerCheckpointer.load`); returns the restored step."""
         return self.checkpointer.load()
 
-    # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """Driver state saved with every checkpoint (exact resume)."""
-        return {
-            "global_steps": self.global_steps,
-            "epoch": self.epoch,
-            # plain containers only (numpy's state as lists): the file loads with weights_only=True
-            "rng": driver_rng_state(),
-            "kl_ctrl_value": None if self.kl_ctrl_in_reward is None else self.kl_ctrl_in_reward.value,
-            "callbacks": [cb.state_dict() for cb in self.callbacks],
-        }
+        """Driver state saved with every checkpoint (exact resume; `trainer_state.pt`)."""
+        return trainer_state(self)
 
     def load_state_dict(self, state: dict) -> None:
-        self.global_steps = int(state["global_steps"])
-        self.epoch = int(state["epoch"])
-        restore_driver_rng(state["rng"])
-        self._resumed_step_metrics = state.get("step_metrics")
-        if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl_value") is not None:
-            self.kl_ctrl_in_reward.value = float(state["kl_ctrl_value"])
-        saved = state.get("callbacks", [])
-        if len(saved) != len(self.callbacks):
-            logger.warning(
-                "the checkpoint holds the state of %d callbacks but this run has %d; states are restored "
-                "in order and the rest is left as constructed",
-                len(saved),
-                len(self.callbacks),
-            )
-        for cb, s in zip(self.callbacks, saved, strict=False):
-            cb.load_state_dict(s)
+        restore_trainer_state(self, state)
 
     # ------------------------------------------------------------------ end of run
     def _finish(self) -> None:

@@ -72,14 +72,15 @@ def env_override(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def worker_env(config, device_name: str, seed: int) -> dict[str, str]:
-    """Environment of every worker process: the device, the seed, and every user module (so custom
-    losses/estimators registered there exist in the workers too). Torch threads are set by
-    the worker group (`trainer.torch_threads_per_worker`, default: the slot's CPUs)."""
+def worker_env(config, device_name: str) -> dict[str, str]:
+    """Environment of every worker process, for the two documented user switches the workers read:
+    the device (`VERL_DEVICE`) and every user module (`VERL_USE_EXTERNAL_MODULES`, so custom
+    losses/estimators registered there exist in the workers too). Everything else a worker needs
+    from the trainer travels as typed init arguments (`WorkerSettings`: the seed, the batch plan);
+    torch threads are set by the worker group (`trainer.torch_threads_per_worker`)."""
     from verl.trainer.ppo.utils import external_module_list
 
-    # VERL_SEED: the workers' sampling streams follow trainer.seed (rank r uses seed + r)
-    env = {"VERL_DEVICE": device_name, "VERL_SEED": str(seed)}
+    env = {"VERL_DEVICE": device_name}
     mods = external_module_list(config)
     if mods:
         env["VERL_USE_EXTERNAL_MODULES"] = ",".join(os.path.abspath(m) if m.endswith(".py") else m for m in mods)
