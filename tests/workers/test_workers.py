@@ -168,8 +168,11 @@ def test_batch_size_divisibility_is_reported(tiny):
 
     path, _, _ = tiny
     cfg = make_config(path, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 3})
+    # the one message of the batch-size rules (verl/trainer/config/derived.py), as at validation
     with pytest.raises(
-        ValueError, match=r"8 sequences .* not divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"
+        ValueError,
+        match=r"actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu=3 does not divide the per-worker mini-batch "
+        r".* = 8 sequences; use a divisor of 8",
     ):
         ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor")
 
