@@ -18,8 +18,11 @@ One step of `fit()`:
 8. validation every `test_freq`, checkpoint every `save_freq`, metrics to the loggers.
 
 Extension points are hooks on this one loop: subclass and override a phase method
-(`generate`, `compute_reward`, `filter_groups`, `compute_old_log_prob`, ...), or pass
-`TrainerCallback`s (also from `trainer.callbacks` in the config).
+(`generate(batch, ctx)`, `compute_reward(batch, ctx)`, `filter_groups(batch, ctx)`,
+`compute_old_log_prob(batch, ctx)`, ...; `ctx` is the step's `StepContext`), or pass
+`TrainerCallback`s (also from `trainer.callbacks` in the config). Beside the loop:
+`driver_ops` (batch operations), `validation.Validator`, `checkpoint.TrainerCheckpointer`,
+`dataloaders`, `worker_groups`; the derived config values come from `verl/trainer/config/derived.py`.
 """
 
 from __future__ import annotations
