@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from verl.trainer.ppo.step_context import is_due
 from verl.utils.checkpoint.integrity import (
     CheckpointCorruptError,
     disk_full_cause,
@@ -329,10 +330,9 @@ class TrainerCheckpointer:
     def should_save(self, step: int, is_last: bool) -> bool:
         """Every `trainer.save_freq` steps and at the last step, once per step; never when
         `save_freq <= 0`."""
-        freq = self.trainer.cfg.trainer.save_freq
-        if freq is None or freq <= 0 or step <= 0 or step == self.saved_step:
+        if step <= 0 or step == self.saved_step:
             return False
-        return is_last or step % freq == 0
+        return is_due(self.trainer.cfg.trainer.save_freq, step, is_last)
 
     def save(self, metrics: dict | None = None) -> str:
         """Write `global_step_N` atomically, then prune old ones; returns its path.

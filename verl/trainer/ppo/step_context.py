@@ -11,6 +11,12 @@ from typing import Any
 from codetiming import Timer
 
 
+def is_due(freq: int | None, step: int, is_last: bool) -> bool:
+    """A cadence (`trainer.test_freq`, `trainer.save_freq`): every `freq` steps and at the last
+    step; never when `freq` is None or <= 0."""
+    return freq is not None and freq > 0 and (is_last or step % freq == 0)
+
+
 @contextmanager
 def phase_timer(name: str, timing: dict[str, float]) -> Iterator[None]:
     """Time a phase into `timing[name]` (seconds); repeated phases within a step (several

@@ -17,14 +17,10 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.driver_ops import compute_response_mask, decode_rows, dp_compute, dump_rows
 from verl.trainer.ppo.metric_utils import process_validation_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward
+from verl.trainer.ppo.step_context import is_due
 
 if TYPE_CHECKING:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-
-
-def is_due(freq: int | None, step: int, is_last: bool) -> bool:
-    """Every `freq` steps and at the last step; never when `freq` is None or <= 0."""
-    return freq is not None and freq > 0 and (is_last or step % freq == 0)
 
 
 class Validator:
