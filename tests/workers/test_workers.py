@@ -168,8 +168,11 @@ def test_batch_size_divisibility_is_reported(tiny):
 
     path, _, _ = tiny
     cfg = make_config(path, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 3})
+    # the one message of the batch-size rules (verl/trainer/config/derived.py), as at validation
     with pytest.raises(
-        ValueError, match=r"8 sequences .* not divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"
+        ValueError,
+        match=r"actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu=3 does not divide the per-worker mini-batch "
+        r".* = 8 sequences; use a divisor of 8",
     ):
         ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor")
 
@@ -422,3 +425,30 @@ def test_worker_seed_follows_verl_seed(monkeypatch):
     monkeypatch.setenv("VERL_SEED", "seven")
     with pytest.raises(ValueError, match="VERL_SEED='seven'"):
         worker_seed(0)
+
+
+def test_worker_seed_from_the_trainer_wins_over_verl_seed(monkeypatch):
+    from verl.workers.fsdp_workers import worker_seed
+
+    monkeypatch.setenv("VERL_SEED", "7")
+    assert [worker_seed(r, seed=100) for r in range(2)] == [100, 101]
+
+
+def test_batch_plan_from_the_trainer_is_applied_and_checked():
+    from types import SimpleNamespace
+
+    from verl.trainer.config.derived import WorkerSettings, role_batch_plan
+    from verl.workers.fsdp_workers import _apply_batch_plan
+
+    def cfg():
+        return SimpleNamespace(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=False)
+
+    plan = role_batch_plan("critic", cfg(), rollout_n=4, world_size=2)
+    c = cfg()
+    _apply_batch_plan("critic", c, 4, 2, WorkerSettings(seed=1, batch_plan=plan))
+    assert c.ppo_mini_batch_size == 16  # 8 prompts x 4 / 2 ranks
+    c = cfg()
+    _apply_batch_plan("critic", c, 4, 2, None)  # built by hand: the same rule, derived here
+    assert c.ppo_mini_batch_size == 16
+    with pytest.raises(ValueError, match=r"batch plan is for 2 workers.*this worker has 4 workers"):
+        _apply_batch_plan("critic", cfg(), 4, 4, WorkerSettings(seed=1, batch_plan=plan))

@@ -13,6 +13,7 @@ second with a message naming the key. Then:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -22,7 +23,14 @@ import time
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl.trainer.ppo.utils import Role, reference_in_actor, resolve_device, validate_config
+from verl.trainer.ppo.utils import (
+    Role,
+    reference_in_actor,
+    remember_validated,
+    resolve_device,
+    validate_config,
+    validated_config,
+)
 
 # upstream exposes these two here; they live with the dataset
 from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler  # noqa: F401
@@ -298,18 +306,17 @@ class TaskRunner:
         from verl.utils.tokenizer import hf_processor, hf_tokenizer
         from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
-        v = validate_config(config)
+        v = validated_config(config)  # run_ppo's object when called from it: validated once
         tr = v.trainer
         device = resolve_device(tr.device)
         with open_dict(config):
             config.trainer.device = device
+        v = remember_validated(config, dataclasses.replace(v, trainer=dataclasses.replace(tr, device=device)))
 
         local_path = copy_to_local(config.actor_rollout_ref.model.path)
-        tok_path = config.data.get("tokenizer") or config.actor_rollout_ref.model.get("tokenizer_path") or local_path
-        trust = bool(config.actor_rollout_ref.model.get("trust_remote_code", False))
-        tokenizer = hf_tokenizer(
-            tok_path, trust_remote_code=trust, chat_template=config.actor_rollout_ref.model.get("custom_chat_template")
-        )
+        tok_path = v.data.tokenizer or v.model.tokenizer_path or local_path
+        trust = bool(v.model.trust_remote_code)
+        tokenizer = hf_tokenizer(tok_path, trust_remote_code=trust, chat_template=v.model.custom_chat_template)
         processor = hf_processor(tok_path, trust_remote_code=trust)
 
         mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker)}
@@ -401,8 +408,13 @@ def run_ppo(config: DictConfig | dict, task_runner_class=None) -> dict[str, floa
         config.pop("hydra", None)
     config = _upstream_surface(config)
     v = validate_config(config)  # fail fast, before the embedded default is built or Ray starts
+    paths = (config.actor_rollout_ref.model.path, config.data.train_files, config.data.val_files)
     config = fill_embedded_defaults(config)
     OmegaConf.resolve(config)
+    if None in paths:
+        v = validate_config(config)  # the embedded paths were filled in: the typed view follows them
+    else:
+        remember_validated(config, v)  # the same values, interpolations resolved: validated once
     started = _init_ray(v.ray_kwargs.ray_init)
     t0 = time.time()
     try:

@@ -9,7 +9,8 @@ chunk of the driver's batch; the group concatenates the results in rank order. `
 Engine: FSDP2 over the group's default process group (gloo on CPU, nccl on CUDA) with one
 process; a single process runs the plain module (see `verl.utils.fsdp_utils`).
 
-Batch sizes (upstream semantics, validated in `__init__` with the numbers named):
+Batch sizes (upstream semantics; the plan of `verl/trainer/config/derived.py`, handed over by the
+trainer as `settings`, or derived in `__init__` for a worker built by hand, numbers named):
 - `actor.ppo_mini_batch_size` counts prompts: inside the worker it becomes
   `ppo_mini_batch_size * rollout.n / world_size` sequences per rank (must divide exactly);
 - `*_micro_batch_size_per_gpu` count sequences per rank and must divide the per-rank mini-batch;
@@ -44,6 +45,7 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
+from verl.trainer.config.derived import WorkerSettings, default_loss_scale_factor, role_batch_plan
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import (
@@ -81,7 +83,6 @@ __all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker", "AsyncA
 logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
-TORCH_THREADS_ENV = "VERL_TORCH_THREADS"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,15 +91,8 @@ TORCH_THREADS_ENV = "VERL_TORCH_THREADS"
 
 
 def _setup_process(worker: Worker) -> str:
-    """Threads, user modules and the process group of a worker; returns the device name."""
-    threads = os.environ.get(TORCH_THREADS_ENV)
-    if threads:
-        try:
-            n = int(threads)
-        except ValueError:
-            raise ValueError(f"{TORCH_THREADS_ENV}={threads!r} must be an integer") from None
-        if n > 0:
-            torch.set_num_threads(n)
+    """User modules and the process group of a worker; returns the device name. (Torch threads
+    are set by `Worker.__init__` from the worker group's `VERL_WORKER_NUM_THREADS`.)"""
     import_external_libs_from_env()
     if worker.world_size > 1:
         worker.init_process_group_if_needed()
@@ -118,25 +112,20 @@ def _section(config, key):
     return {} if value is None else value
 
 
-def _normalize_mini_batch(owner: str, cfg, rollout_n: int, world_size: int, micro_key: str) -> None:
-    """Turn `ppo_mini_batch_size` (prompts) into sequences per rank, checking divisibility."""
-    sequences = int(cfg.ppo_mini_batch_size) * int(rollout_n)
-    if sequences % world_size:
+def _apply_batch_plan(owner: str, cfg, rollout_n: int, world_size: int, settings: WorkerSettings | None) -> None:
+    """Rewrite `cfg.ppo_mini_batch_size` (prompts) to sequences per rank, upstream's meaning inside
+    a worker. The plan is the trainer's (`settings.batch_plan`, checked against this worker's
+    config and world size), or for a worker built by hand derived here by the same function."""
+    plan = None if settings is None else settings.batch_plan
+    if plan is None:
+        plan = role_batch_plan(owner, cfg, rollout_n, world_size)
+    elif (plan.world_size, plan.mini_batch_prompts, plan.rollout_n) != (world_size, cfg.ppo_mini_batch_size, rollout_n):
         raise ValueError(
-            f"{owner}.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n={rollout_n} = {sequences} sequences "
-            f"is not divisible by the data-parallel size {world_size}"
+            f"{owner}: the trainer's batch plan is for {plan.world_size} workers, ppo_mini_batch_size="
+            f"{plan.mini_batch_prompts}, rollout.n={plan.rollout_n}; this worker has {world_size} workers, "
+            f"ppo_mini_batch_size={cfg.ppo_mini_batch_size}, rollout.n={rollout_n}"
         )
-    cfg.ppo_mini_batch_size = sequences // world_size
-    micro = getattr(cfg, micro_key)
-    if not cfg.use_dynamic_bsz:
-        if micro is None:
-            raise ValueError(f"{owner}.{micro_key} is null and {owner}.use_dynamic_bsz is False: set one of them")
-        if cfg.ppo_mini_batch_size % int(micro):
-            raise ValueError(
-                f"{owner}: the per-rank mini-batch of {cfg.ppo_mini_batch_size} sequences "
-                f"(ppo_mini_batch_size {sequences // int(rollout_n)} x n {rollout_n} / {world_size} ranks) "
-                f"is not divisible by {owner}.{micro_key}={micro}"
-            )
+    cfg.ppo_mini_batch_size = plan.per_rank_mini_batch
 
 
 class _OffloadMixin:
@@ -210,14 +199,18 @@ def _build_fsdp_model(
 # ---------------------------------------------------------------------------------------------
 
 
-def worker_seed(rank: int) -> int:
-    """Seed of a worker's torch RNG: `$VERL_SEED + rank` (the trainer sets VERL_SEED = trainer.seed;
-    1234 when unset, e.g. a worker built by hand)."""
+def worker_seed(rank: int, seed: int | None = None) -> int:
+    """Seed of a worker's torch RNG: `seed + rank`; the trainer passes `seed` = trainer.seed
+    (`WorkerSettings`). A worker built by hand without one uses `$VERL_SEED`, 1234 when unset."""
+    if seed is not None:
+        return int(seed) + int(rank)
     raw = os.environ.get("VERL_SEED", "1234")
     try:
         return int(raw) + int(rank)
     except ValueError:
-        raise ValueError(f"VERL_SEED={raw!r} must be an integer (it is set from trainer.seed)") from None
+        raise ValueError(
+            f"VERL_SEED={raw!r} must be an integer (a worker built without the trainer's seed reads it)"
+        ) from None
 
 
 def memory_metrics(device_name: str, prefix: str) -> dict[str, list[float]]:
@@ -257,7 +250,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         role: one of `ROLES`.
     """
 
-    def __init__(self, config, role: str, **kwargs):
+    def __init__(self, config, role: str, settings: WorkerSettings | None = None, **kwargs):
         Worker.__init__(self)
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r}; expected one of {list(ROLES)}")
@@ -273,18 +266,14 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         self.actor_config: ActorConfig = _to_dataclass(_section(config, "actor"), ActorConfig)
         self.ref_config: RefConfig = _to_dataclass(_section(config, "ref"), RefConfig)
         if self._is_actor:
-            _normalize_mini_batch(
-                "actor_rollout_ref.actor",
-                self.actor_config,
-                self.rollout_config.n,
-                self.world_size,
-                "ppo_micro_batch_size_per_gpu",
+            _apply_batch_plan(
+                "actor_rollout_ref.actor", self.actor_config, self.rollout_config.n, self.world_size, settings
             )
             if self.actor_config.loss_scale_factor is None:
-                # Dr.GRPO's constant divisor: the response length limit, never a micro-batch's width
                 # a copy: config dataclasses are frozen once built (BaseConfig)
                 self.actor_config = dataclasses.replace(
-                    self.actor_config, loss_scale_factor=float(self.rollout_config.response_length)
+                    self.actor_config,
+                    loss_scale_factor=default_loss_scale_factor(self.actor_config, self.rollout_config.response_length),
                 )
         self.actor = None
         self.rollout = None
@@ -294,8 +283,8 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         self._weights_version = 0
         self._synced_version = -1
         # sampling randomness: a distinct, reproducible stream per rank (saved in checkpoints);
-        # the trainer passes trainer.seed as VERL_SEED
-        torch.manual_seed(worker_seed(self.rank))
+        # the trainer passes trainer.seed in `settings`
+        torch.manual_seed(worker_seed(self.rank, None if settings is None else settings.seed))
 
     # -- building ---------------------------------------------------------------------------------
 
@@ -664,14 +653,12 @@ class CriticWorker(Worker, _OffloadMixin):
         config: the `critic` section (DictConfig or dict).
     """
 
-    def __init__(self, config, **kwargs):
+    def __init__(self, config, settings: WorkerSettings | None = None, **kwargs):
         Worker.__init__(self)
         self.device_name = _setup_process(self)
         self.config: CriticConfig = _to_dataclass(config, CriticConfig)
         import_external_libs(self.config.model.external_lib)
-        _normalize_mini_batch(
-            "critic", self.config, self.config.rollout_n, self.world_size, "ppo_micro_batch_size_per_gpu"
-        )
+        _apply_batch_plan("critic", self.config, self.config.rollout_n, self.world_size, settings)
         self.critic = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -19,6 +19,7 @@ from verl.trainer.ppo.ray_trainer import (
     trim_left_padding,
     trim_to_whole_groups,
 )
+from verl.trainer.ppo.step_context import StepContext
 from verl.trainer.ppo.utils import validate_config
 
 
@@ -167,10 +168,10 @@ class StubGenTrainer(RayPPOTrainer):
         self.rounds = iter(rounds)
         self.tokenizer = type("Tok", (), {"eos_token_id": 1, "pad_token_id": 0})()
 
-    def generate(self, batch, timing_raw, metrics):
+    def generate(self, batch, ctx):
         return batch.repeat(self.cfg.rollout.n, interleave=True)
 
-    def compute_reward(self, batch, timing_raw, metrics):
+    def compute_reward(self, batch, ctx):
         s = torch.zeros(len(batch), 2)
         s[:, 0] = torch.tensor(next(self.rounds), dtype=torch.float32)
         batch.batch["token_level_scores"] = s
@@ -199,7 +200,7 @@ def test_dynamic_sampling_keeps_generating_until_enough_groups():
     # round 1: group 0 all right (dropped), group 1 mixed; round 2: both mixed -> 3 kept, trimmed to 2
     t = StubGenTrainer(DAPO, rounds=[[1, 1, 0, 1], [0, 1, 1, 0]])
     metrics = {}
-    batch = t.collect_batch(prompts(5), {}, metrics)
+    batch = t.collect_batch(prompts(5), StepContext(1, metrics=metrics))
     assert len(batch) == 4 and len(set(batch.non_tensor_batch["uid"])) == 2
     assert batch.non_tensor_batch["uid"][0] == "1-0-1"  # the surviving group of round 0 comes first
     assert metrics["filter_groups/num_gen_batches"] == 2
@@ -208,18 +209,18 @@ def test_dynamic_sampling_keeps_generating_until_enough_groups():
 
 def test_dynamic_sampling_cap_and_dynamic_batch():
     t = StubGenTrainer(DAPO + ["algorithm.filter_groups.max_num_gen_batches=1"], rounds=[[1, 1, 0, 1]])
-    batch = t.collect_batch(prompts(5), {}, {})
+    batch = t.collect_batch(prompts(5), StepContext(1))
     assert len(batch) == 2  # capped after one round: train on the one group collected
     t = StubGenTrainer(DAPO + ["algorithm.filter_groups.keep_generating=False"], rounds=[[1, 1, 0, 1]])
-    assert len(t.collect_batch(prompts(5), {}, {})) == 2
+    assert len(t.collect_batch(prompts(5), StepContext(1))) == 2
     t = StubGenTrainer(DAPO + ["algorithm.filter_groups.keep_generating=False"], rounds=[[1, 1, 0, 0]])
-    assert t.collect_batch(prompts(5), {}, {}) is None  # nothing to learn from: the step is skipped
+    assert t.collect_batch(prompts(5), StepContext(1)) is None  # nothing to learn from: the step is skipped
     # with mini-batches of 2 prompts a single surviving group cannot fill one: skipped too
     t = StubGenTrainer(
         DAPO + ["algorithm.filter_groups.keep_generating=False", "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
         rounds=[[1, 1, 0, 1]],
     )
-    assert t.collect_batch(prompts(5), {}, {}) is None
+    assert t.collect_batch(prompts(5), StepContext(1)) is None
 
 
 def test_partial_batches_are_cut_to_whole_mini_batches():
@@ -230,7 +231,7 @@ def test_partial_batches_are_cut_to_whole_mini_batches():
         "algorithm.filter_groups.keep_generating=False",
     ]
     t = StubGenTrainer(DAPO + over, rounds=[[0, 1, 0, 1, 1, 0, 1, 1]])
-    batch = t.collect_batch(prompts(5, bs=4), {}, {})
+    batch = t.collect_batch(prompts(5, bs=4), StepContext(1))
     assert len(set(batch.non_tensor_batch["uid"])) == 2 and len(batch) == 4
 
 
@@ -271,7 +272,7 @@ def test_dynamic_sampling_concatenates_rounds_of_different_prompt_widths():
     # round 0 prompts are at most 2 tokens long, round 1 prompts 3: generation trims each round to
     # its own width, so the kept rows must be re-aligned before they are concatenated
     t = PromptWidthTrainer(DAPO, rounds=[[1, 1, 0, 1], [0, 1, 1, 0]])
-    batch = t.collect_batch(left_padded_prompts([[2, 1], [3, 3]]), {}, {})
+    batch = t.collect_batch(left_padded_prompts([[2, 1], [3, 3]]), StepContext(1))
     assert list(batch.non_tensor_batch["uid"]) == ["1-0-1", "1-0-1", "1-1-0", "1-1-0"]
     assert batch.batch["prompts"].shape == (4, 3) and batch.batch["input_ids"].shape == (4, 5)
     assert batch.batch["attention_mask"].tolist() == [[0, 0, 1, 1, 1]] * 2 + [[1, 1, 1, 1, 1]] * 2
@@ -281,7 +282,7 @@ def test_dynamic_sampling_concatenates_rounds_of_different_prompt_widths():
 
 def test_no_dynamic_sampling_is_one_round():
     t = StubGenTrainer([o for o in DAPO if "filter_groups" not in o], rounds=[[1, 1, 1, 1]])
-    assert len(t.collect_batch(prompts(5), {}, {})) == 4
+    assert len(t.collect_batch(prompts(5), StepContext(1))) == 4
 
 
 def step_batch():
@@ -353,20 +354,36 @@ def test_cpu_peak_flops_measurement_leaves_the_global_rng_alone():
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def test_dp_compute_pads_to_the_group_size_and_drops_the_padding():
+def test_dp_compute_lets_the_dispatcher_pad_to_the_group_size_and_drop_the_padding():
+    from verl.protocol import DataProtoConfig, unpad_dataproto
+    from verl.single_controller.base.decorator import (
+        _padding_size_key,
+        collect_dp_compute_data_proto,
+        dispatch_dp_compute_data_proto,
+    )
     from verl.trainer.ppo.ray_trainer import dp_compute
 
     class ThreeWorkers:
+        """Dispatch -> one call per rank -> collect -> unpad, as the Ray proxy does."""
+
         world_size = 3
 
         def compute_ref_log_prob(self, data):
-            # the real dispatch refuses batches that do not split evenly
-            assert len(data) % 3 == 0, len(data)
-            return DataProto.from_dict(tensors={"ref_log_prob": data.batch["x"] * 2.0})
+            self.received = len(data)
+            args, kwargs = dispatch_dp_compute_data_proto(self, data)
+            pad = kwargs.pop(_padding_size_key, 0)
+            self.rows = [len(chunk) for chunk in args[0]]
+            outs = [DataProto.from_dict(tensors={"ref_log_prob": chunk.batch["x"] * 2.0}) for chunk in args[0]]
+            return unpad_dataproto(collect_dp_compute_data_proto(self, outs), pad)
 
     data = DataProto.from_dict(tensors={"x": torch.arange(8.0).unsqueeze(1)})
-    out = dp_compute(ThreeWorkers(), "compute_ref_log_prob", data)
+    group = ThreeWorkers()
+    out = dp_compute(group, "compute_ref_log_prob", data)
+    assert group.received == 8 and group.rows == [3, 3, 3]  # the dispatcher, not the trainer, pads to 9
     assert out.batch["ref_log_prob"].squeeze(1).tolist() == [2.0 * i for i in range(8)]
+    # the caller's batch does not turn padding on (a later update of it must never be padded)
+    assert DataProtoConfig.auto_padding_key not in data.meta_info and not data.is_padding_enabled()
+    assert DataProtoConfig.auto_padding_key not in out.meta_info
 
 
 def test_validation_metrics_match_the_per_prompt_bootstrap():
@@ -416,7 +433,7 @@ def test_reward_extra_info_columns_hold_one_object_per_row():
             "reward_extra_info": {"steps": steps, "acc": [1.0] * len(data)},
         }
         b = DataProto.from_dict(tensors={"responses": torch.zeros(len(steps), 2)})
-        return RayPPOTrainer.compute_reward(t, b, {}, {})
+        return RayPPOTrainer.compute_reward(t, b, StepContext(1))
 
     a, b = batch_with_steps([[1, 2], [3, 4]]), batch_with_steps([[5, 6, 7], [8, 9, 0]])
     assert a.non_tensor_batch["steps"].shape == (2,) and a.non_tensor_batch["steps"][1] == [3, 4]
@@ -471,7 +488,7 @@ class FitStub(RayPPOTrainer):
     def _validate(self):
         return {"val-core/t/reward/mean@1": float(self.global_steps)}
 
-    def collect_batch(self, prompts, timing_raw, metrics):
+    def collect_batch(self, prompts, ctx):
         self.trained += 1
         return None  # a skipped step: nothing else of the loop runs
 
@@ -644,7 +661,7 @@ def test_bypass_mode_uses_rollout_log_probs_as_old_and_turns_the_shortcut_off():
     fake.bypass_mode = lambda: RayPPOTrainer.bypass_mode(fake)
     roll = torch.tensor([[-1.0, -2.0]])
     batch = DataProto.from_dict(tensors={"rollout_log_probs": roll, "response_mask": torch.ones(1, 2)})
-    out = RayPPOTrainer.compute_old_log_prob(fake, batch, {}, {})  # no worker call in bypass mode
+    out = RayPPOTrainer.compute_old_log_prob(fake, batch, StepContext(1))  # no worker call in bypass mode
     assert torch.equal(out.batch["old_log_probs"], roll) and "use_current_as_old_log_prob" not in out.meta_info
     assert RayPPOTrainer.can_skip_old_log_prob(fake) is False
     rc.bypass_mode = False

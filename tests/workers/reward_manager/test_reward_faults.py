@@ -281,13 +281,13 @@ def test_math_verify_fallbacks_are_flagged_per_row(fake_math_verify):
 def test_trainer_counts_errors_timeouts_and_fallbacks():
     from types import SimpleNamespace
 
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, StepContext
 
     mgr = NaiveRewardManager(CharTokenizer(), 0, sleeps_on_nine, timeout=0.2)
     fake = SimpleNamespace(use_rm=False, reward_fn=mgr)
     metrics = {}
-    RayPPOTrainer.compute_reward(fake, make_batch(["9$", "1$"], ["1", "1"]), {}, metrics)
-    RayPPOTrainer.compute_reward(fake, make_batch(["9$", "9$"], ["1", "1"]), {}, metrics)
+    RayPPOTrainer.compute_reward(fake, make_batch(["9$", "1$"], ["1", "1"]), StepContext(1, metrics=metrics))
+    RayPPOTrainer.compute_reward(fake, make_batch(["9$", "9$"], ["1", "1"]), StepContext(1, metrics=metrics))
     assert metrics["reward/score_errors"] == 3 and metrics["reward/score_timeouts"] == 3
     assert metrics["reward/math_verify_fallbacks"] == 0
 
@@ -295,13 +295,13 @@ def test_trainer_counts_errors_timeouts_and_fallbacks():
 def test_filter_groups_metric_no_reward_produces_names_the_existing_ones():
     from types import SimpleNamespace
 
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, select_groups_with_variance
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, StepContext, select_groups_with_variance
 
     def with_acc(data_source, solution_str, ground_truth, extra_info=None):
         return {"score": float(solution_str == ground_truth), "acc": solution_str == ground_truth}
 
     fake = SimpleNamespace(use_rm=False, reward_fn=NaiveRewardManager(CharTokenizer(), 0, with_acc))
-    batch = RayPPOTrainer.compute_reward(fake, make_batch(["1$", "2$"], ["1", "1"]), {}, {})
+    batch = RayPPOTrainer.compute_reward(fake, make_batch(["1$", "2$"], ["1", "1"]), StepContext(1))
     batch.non_tensor_batch["uid"] = np.array(["a", "a"], dtype=object)
     assert select_groups_with_variance(batch, "acc")[1] == 1
     with pytest.raises(ValueError) as e:

@@ -33,17 +33,31 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import random
 import re
 import shutil
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
+
+from verl.trainer.ppo.step_context import is_due
 from verl.utils.checkpoint.integrity import (
     CheckpointCorruptError,
     disk_full_cause,
+    load_plain,
+    rng_state_from_plain,
+    rng_state_to_plain,
+    save_plain,
     verify_manifest,
     write_manifest,
 )
 from verl.utils.fs import atomic_write_text, fsync_dir, fsync_tree
+from verl.utils.tracking import to_jsonable
+
+if TYPE_CHECKING:
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -241,3 +255,156 @@ def prune_checkpoints(
             shutil.rmtree(path)
             removed.append(path)
     return removed
+
+
+def seed_driver(seed: int) -> None:
+    """Seed the driver's Python, NumPy and torch generators (restored from a checkpoint on resume)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def driver_rng_state() -> dict:
+    """The driver's Python / NumPy / torch generator states as plain containers (numpy's state as
+    lists), so `trainer_state.pt` loads with `weights_only=True`."""
+    return rng_state_to_plain(
+        {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    )
+
+
+def restore_driver_rng(plain: dict) -> None:
+    """Restore what `driver_rng_state` saved."""
+    rng = rng_state_from_plain(plain)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+
+
+def trainer_state(trainer: RayPPOTrainer) -> dict:
+    """The driver's state saved in `trainer_state.pt`: `global_steps`, `epoch`, `rng` (the
+    driver's generators), `kl_ctrl_value` (adaptive KL in reward) and `callbacks` (each hook's
+    `state_dict()`); `TrainerCheckpointer.save` adds `step_metrics`."""
+    kl = trainer.kl_ctrl_in_reward
+    return {
+        "global_steps": trainer.global_steps,
+        "epoch": trainer.epoch,
+        "rng": driver_rng_state(),
+        "kl_ctrl_value": None if kl is None else kl.value,
+        "callbacks": [cb.state_dict() for cb in trainer.callbacks],
+    }
+
+
+def restore_trainer_state(trainer: RayPPOTrainer, state: dict) -> None:
+    """Restore what `trainer_state` saved (callback states in order; a count mismatch warns)."""
+    trainer.global_steps = int(state["global_steps"])
+    trainer.epoch = int(state["epoch"])
+    restore_driver_rng(state["rng"])
+    trainer._resumed_step_metrics = state.get("step_metrics")
+    if trainer.kl_ctrl_in_reward is not None and state.get("kl_ctrl_value") is not None:
+        trainer.kl_ctrl_in_reward.value = float(state["kl_ctrl_value"])
+    saved = state.get("callbacks", [])
+    if len(saved) != len(trainer.callbacks):
+        logger.warning(
+            "the checkpoint holds the state of %d callbacks but this run has %d; states are restored "
+            "in order and the rest is left as constructed",
+            len(saved),
+            len(trainer.callbacks),
+        )
+    for cb, s in zip(trainer.callbacks, saved, strict=False):
+        cb.load_state_dict(s)
+
+
+class TrainerCheckpointer:
+    """Checkpoint cadence, save and resume of one `RayPPOTrainer` (torchtitan-style component).
+
+    A checkpoint holds the worker groups' parts (`actor/`, `critic/`), the dataloader position
+    (`data.pt`) and the trainer's `state_dict()` (`trainer_state.pt`, plus the step's metrics).
+    `saved_step` is the last step saved (a resumed run's current step counts), so a run that ends
+    early is saved once at its end.
+    """
+
+    def __init__(self, trainer: RayPPOTrainer):
+        self.trainer = trainer
+        self.saved_step: int | None = None
+
+    def should_save(self, step: int, is_last: bool) -> bool:
+        """Every `trainer.save_freq` steps and at the last step, once per step; never when
+        `save_freq <= 0`."""
+        if step <= 0 or step == self.saved_step:
+            return False
+        return is_due(self.trainer.cfg.trainer.save_freq, step, is_last)
+
+    def save(self, metrics: dict | None = None) -> str:
+        """Write `global_step_N` atomically, then prune old ones; returns its path.
+
+        `metrics` (the step's metrics so far) are saved with the trainer state: a run killed
+        after the save but before the step's log line is re-logged on resume."""
+        t = self.trainer
+        tr = t.cfg.trainer
+        root = tr.default_local_dir
+        if getattr(t, "tracking", None) is not None:
+            t.tracking.sync()  # every earlier step's line is durable before this checkpoint exists
+
+        def write(tmp: str) -> None:
+            t.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), None, t.global_steps, max_ckpt_to_keep=None)
+            if t.use_critic:
+                t.critic_wg.save_checkpoint(os.path.join(tmp, "critic"), None, t.global_steps, max_ckpt_to_keep=None)
+            save_plain(t.train_dataloader.state_dict(), os.path.join(tmp, "data.pt"), "dataloader state")
+            state = t.state_dict()
+            state["step_metrics"] = {k: to_jsonable(v) for k, v in (metrics or {}).items()}
+            save_plain(state, os.path.join(tmp, TRAINER_STATE_FILE), "trainer state")
+
+        path = save_checkpoint_atomically(root, t.global_steps, write)
+        prune_checkpoints(root, tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep, newest_step=t.global_steps)
+        self.saved_step = t.global_steps
+        return path
+
+    def load(self) -> int:
+        """Resume per `trainer.resume_mode`; returns the restored step (0 = fresh start).
+
+        The checkpoint is verified against its manifest first. `auto` falls back to the previous
+        complete checkpoint (with a warning) when the newest is damaged; `resume_path` fails naming
+        the damaged file."""
+        t = self.trainer
+        root = t.cfg.trainer.default_local_dir
+        remove_stale_tmp_dirs(root)
+        t._resumed_step_metrics = None
+        path = self._path_to_resume()
+        if path is None:
+            return 0
+        logger.info("resuming from %s", path)
+        t.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"), None, del_local_after_load=False)
+        if t.use_critic:
+            critic_path = os.path.join(path, "critic")
+            if not os.path.isdir(critic_path):
+                raise FileNotFoundError(f"checkpoint {path} has no critic/ part but this run trains a critic")
+            t.critic_wg.load_checkpoint(critic_path, None, del_local_after_load=False)
+        t.train_dataloader.load_state_dict(load_plain(os.path.join(path, "data.pt")))
+        t.load_state_dict(load_plain(os.path.join(path, TRAINER_STATE_FILE)))
+        return t.global_steps
+
+    def _path_to_resume(self) -> str | None:
+        tr = self.trainer.cfg.trainer
+        if tr.resume_mode == "disable":
+            return None
+        if tr.resume_mode == "resume_path":
+            path = tr.resume_from_path
+            if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
+                raise FileNotFoundError(
+                    f"trainer.resume_from_path={path!r} is not a complete checkpoint (no {TRAINER_STATE_FILE})"
+                )
+            step_of(path)
+            verify_checkpoint(path)
+            return path
+        return checkpoint_to_resume(tr.default_local_dir)
+
+    def relog_saved_step(self) -> None:
+        """After a resume: log the checkpointed step's metrics if the metrics file lacks them (the
+        previous run was killed between its save and its log line)."""
+        t = self.trainer
+        saved = getattr(t, "_resumed_step_metrics", None)
+        if saved and t.global_steps > 0 and t.tracking.has_logged_step(t.global_steps) is False:
+            logger.warning(
+                "resume: the metrics of step %d were not in the log; logged now from the checkpoint", t.global_steps
+            )
+            t.tracking.log(saved, step=t.global_steps)

@@ -4,7 +4,10 @@ any worker starts (upstream names: `Role`, `need_critic`, `need_reference_policy
 
 `validate_config(config)` converts every section into its dataclass (unknown keys and bad values
 raise there, naming the key) and then checks the rules that span sections: registered estimator
-and loss names, batch-size divisibility, group estimators with `rollout.n == 1`, the critic.
+and loss names, batch-size divisibility (`verl/trainer/config/derived.py`, whose values it keeps
+in `ValidatedConfig.derived`), group estimators with `rollout.n == 1`, the critic.
+`validated_config(config)` returns the object already made for the same config (`run_ppo`
+validates once; the task runner and the trainer reuse it).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from verl.trainer.config import (
     RayKwargsConfig,
     TrainerConfig,
 )
-from verl.trainer.ppo import core_algos
+from verl.trainer.config.derived import DerivedConfig, derive
+from verl.trainer.config.sections import SECTION_DATACLASSES  # noqa: F401 - re-exported (key listings)
 from verl.utils.config import ConfigTypeError, omega_conf_to_dataclass
 from verl.utils.py_functional import config_get
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
@@ -42,10 +46,19 @@ class Role(Enum):
     ActorRolloutRef = 6
 
 
-# the built-in estimators by trait (import-time snapshots kept for code that imports these names;
-# the checks read `core_algos.get_adv_estimator_traits`, which also covers user estimators)
-GROUP_ESTIMATORS = core_algos.adv_estimators_with("needs_groups")
-CRITIC_ESTIMATORS = core_algos.adv_estimators_with("needs_critic")
+# GROUP_ESTIMATORS / CRITIC_ESTIMATORS: the registered estimators by trait, computed when read
+# (module __getattr__ below) so that importing this module (the CLI composing its config) loads no
+# torch; the checks read `core_algos.get_adv_estimator_traits`, which also covers user estimators
+_TRAIT_SETS = {"GROUP_ESTIMATORS": "needs_groups", "CRITIC_ESTIMATORS": "needs_critic"}
+
+
+def __getattr__(name: str):
+    if name in _TRAIT_SETS:
+        from verl.trainer.ppo import core_algos
+
+        return core_algos.adv_estimators_with(_TRAIT_SETS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 TOP_LEVEL_SECTIONS = (
     "data",
@@ -58,20 +71,6 @@ TOP_LEVEL_SECTIONS = (
     "ray_kwargs",
 )
 ACTOR_ROLLOUT_REF_KEYS = ("hybrid_engine", "model", "actor", "ref", "rollout")
-# dotted section -> the dataclass it is converted into (for key listings and suggestions)
-SECTION_DATACLASSES: dict[str, type] = {
-    "data": DataConfig,
-    "actor_rollout_ref.model": HFModelConfig,
-    "actor_rollout_ref.actor": ActorConfig,
-    "actor_rollout_ref.ref": RefConfig,
-    "actor_rollout_ref.rollout": RolloutConfig,
-    "critic": CriticConfig,
-    "reward_model": RewardModelConfig,
-    "custom_reward_function": CustomRewardFunctionConfig,
-    "algorithm": AlgoConfig,
-    "trainer": TrainerConfig,
-    "ray_kwargs": RayKwargsConfig,
-}
 
 
 def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
@@ -87,6 +86,8 @@ def need_critic(config: Any) -> bool:
     enable = _get(config, "critic.enable")
     if enable is not None:
         return bool(enable)
+    from verl.trainer.ppo import core_algos
+
     return core_algos.get_adv_estimator_traits(_get(config, "algorithm.adv_estimator", "")).needs_critic
 
 
@@ -128,6 +129,9 @@ class ValidatedConfig:
     use_reference_policy: bool
     use_rm: bool
     n_workers: int
+    # the batch plans and loss-scale default (verl/trainer/config/derived.py); the number of
+    # training steps is filled in by the trainer once the dataloader exists
+    derived: DerivedConfig | None = None
 
 
 def external_module_list(config: Any) -> list[str]:
@@ -154,79 +158,6 @@ def _sections(config: Any) -> dict:
     if isinstance(config, DictConfig):
         return config
     return OmegaConf.create(config)
-
-
-def check_batch_sizes(
-    data: DataConfig,
-    actor: ActorConfig,
-    critic: CriticConfig,
-    rollout: RolloutConfig,
-    n_workers: int,
-    use_critic: bool,
-    critic_workers: int | None = None,
-) -> None:
-    """The batch-size rules of docs/batch_sizes.md, with the numbers in every message.
-
-    - `data.train_batch_size * rollout.n` sequences are split over the `n_workers` data-parallel
-      workers: it must be a multiple of n_workers.
-    - `ppo_mini_batch_size` (prompts) must divide `data.train_batch_size` (equal-sized optimizer
-      steps), and `ppo_mini_batch_size * rollout.n` must be a multiple of n_workers.
-    - Without dynamic batch sizes, the per-worker mini-batch `ppo_mini_batch_size * n / n_workers`
-      must be a multiple of `ppo_micro_batch_size_per_gpu`.
-    """
-    n = rollout.n
-    seqs = data.train_batch_size * n
-    if seqs % n_workers:
-        raise ValueError(
-            f"data.train_batch_size * actor_rollout_ref.rollout.n = {data.train_batch_size} * {n} = {seqs} sequences "
-            f"cannot be split evenly over {n_workers} data-parallel workers (trainer.nnodes * "
-            "trainer.n_gpus_per_node); "
-            f"choose a train_batch_size with train_batch_size * n divisible by {n_workers}"
-        )
-    groups = [
-        (
-            "actor_rollout_ref.actor",
-            actor.ppo_mini_batch_size,
-            actor.ppo_micro_batch_size_per_gpu,
-            actor.use_dynamic_bsz,
-            n_workers,
-        )
-    ]
-    if use_critic:
-        cw = critic_workers or n_workers
-        groups.append(
-            ("critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz, cw)
-        )
-    for owner, mini, micro, dynamic, n_workers in groups:
-        if mini > data.train_batch_size:
-            raise ValueError(
-                f"{owner}.ppo_mini_batch_size={mini} is larger than data.train_batch_size={data.train_batch_size} "
-                "(both count prompts); use at most the train batch size"
-            )
-        if data.train_batch_size % mini:
-            raise ValueError(
-                f"data.train_batch_size={data.train_batch_size} is not a multiple of "
-                f"{owner}.ppo_mini_batch_size={mini} "
-                f"(both count prompts): the last mini-batch would hold {data.train_batch_size % mini} prompts; "
-                f"use a divisor of {data.train_batch_size}"
-            )
-        mini_seqs = mini * n
-        if mini_seqs % n_workers:
-            raise ValueError(
-                f"{owner}.ppo_mini_batch_size * rollout.n = {mini} * {n} = {mini_seqs} sequences cannot be split over "
-                f"{n_workers} data-parallel workers; make it a multiple of {n_workers}"
-            )
-        per_worker = mini_seqs // n_workers
-        if not dynamic and micro is None:
-            raise ValueError(
-                f"{owner}.ppo_micro_batch_size_per_gpu is null and {owner}.use_dynamic_bsz=False: set one of them"
-            )
-        if not dynamic and per_worker % micro:
-            raise ValueError(
-                f"{owner}.ppo_micro_batch_size_per_gpu={micro} does not divide the per-worker mini-batch "
-                f"ppo_mini_batch_size * rollout.n / workers = {mini} * {n} / {n_workers} = {per_worker} sequences; "
-                f"use a divisor of {per_worker} (or use_dynamic_bsz=True)"
-            )
 
 
 def resolve_device(requested: str) -> str:
@@ -262,11 +193,52 @@ def validate_config(config: Any) -> ValidatedConfig:
     """Convert and check the whole config; raises ValueError naming the key, value and rule.
 
     User modules (custom losses/estimators/reward managers) are imported first, so names they
-    register are accepted.
+    register are accepted. The result remembers the config it came from: `validated_config`
+    returns it again for the same config instead of validating twice.
     """
+    cfg = _checked_sections(config)
+    check_roles_colocated(cfg)
+    import_user_modules(cfg)
+    v = _convert_sections(cfg)
+    check_algorithm(v)
+    check_rollout(v)
+    v.derived = derive(v)  # the batch-size rules (one place, shared with the workers)
+    check_trainer(v)
+    _remember(config, v)
+    return v
+
+
+_LAST_VALIDATED: list[tuple[str, ValidatedConfig]] = []
+
+
+def _fingerprint(config: Any) -> str:
+    return OmegaConf.to_yaml(_sections(config), resolve=False)
+
+
+def _remember(config: Any, v: ValidatedConfig) -> None:
+    _LAST_VALIDATED[:] = [(_fingerprint(config), v)]
+
+
+def validated_config(config: Any) -> ValidatedConfig:
+    """The `ValidatedConfig` of `config`: the one `validate_config` (or `remember_validated`) made
+    for this config content most recently, else a fresh validation. `run_ppo` validates once and
+    the task runner and the trainer reuse that object; a config changed since is validated again."""
+    if _LAST_VALIDATED and _LAST_VALIDATED[0][0] == _fingerprint(config):
+        return _LAST_VALIDATED[0][1]
+    return validate_config(config)
+
+
+def remember_validated(config: Any, v: ValidatedConfig) -> ValidatedConfig:
+    """Record `v` as the validated view of `config` (after a change the caller made to both, e.g.
+    the resolved `trainer.device`); returns `v`."""
+    _remember(config, v)
+    return v
+
+
+def _checked_sections(config: Any) -> DictConfig:
+    """The config with upstream's keys mapped onto ours; unknown top-level sections and
+    `actor_rollout_ref` keys fail, naming what is accepted."""
     from verl.trainer.config.upstream_keys import check_upstream_surface
-    from verl.trainer.ppo.rollout_corr_helper import validate_rollout_correction_config
-    from verl.utils.tracking import check_backends_available
 
     cfg = check_upstream_surface(_sections(config))  # upstream keys: aliases, (b) log, (c) refusals
     unknown = sorted(set(cfg.keys()) - set(TOP_LEVEL_SECTIONS) - {"hydra"})
@@ -279,9 +251,12 @@ def validate_config(config: Any) -> ValidatedConfig:
             f"unknown config key(s) {['actor_rollout_ref.' + k for k in unknown]}; accepted: "
             f"{list(ACTOR_ROLLOUT_REF_KEYS)}"
         )
+    return cfg
 
-    check_roles_colocated(cfg)
-    import_user_modules(cfg)
+
+def _convert_sections(cfg: DictConfig) -> ValidatedConfig:
+    """Every section as its dataclass (a bad value fails naming its key, and the key it follows)."""
+    arr = cfg.get("actor_rollout_ref") or {}
 
     def conv(node, cls, _path):
         try:
@@ -309,7 +284,12 @@ def validate_config(config: Any) -> ValidatedConfig:
         n_workers=0,
     )
     v.n_workers = v.trainer.nnodes * v.trainer.n_gpus_per_node
-    algo, actor, rollout = v.algorithm, v.actor, v.rollout
+    return v
+
+
+def check_registered_names(algo: AlgoConfig, actor: ActorConfig) -> None:
+    """The estimator, the policy loss and the KL estimator name registered entries."""
+    from verl.trainer.ppo import core_algos
 
     est = algo.adv_estimator
     if est not in core_algos.ADV_ESTIMATOR_REGISTRY:
@@ -330,6 +310,19 @@ def validate_config(config: Any) -> ValidatedConfig:
             f"algorithm.kl_penalty={algo.kl_penalty!r} is not a KL estimator; expected one of "
             f"{list(core_algos.KL_PENALTY_TYPES)}"
         )
+
+
+def _estimator_traits(name: str):
+    from verl.trainer.ppo import core_algos
+
+    return core_algos.get_adv_estimator_traits(name)
+
+
+def check_algorithm(v: ValidatedConfig) -> None:
+    """The rules between the algorithm, the rollout and the critic."""
+    algo, actor, rollout = v.algorithm, v.actor, v.rollout
+    check_registered_names(algo, actor)
+    est = algo.adv_estimator
     if algo.use_kl_in_reward and algo.kl_penalty == "full":
         raise ValueError(
             "algorithm.kl_penalty='full' needs whole-vocabulary distributions, but the KL in the reward is computed "
@@ -339,7 +332,7 @@ def validate_config(config: Any) -> ValidatedConfig:
         getattr(nc, "mean_level", None) == "group" or getattr(nc, "std_level", None) == "group"
         for nc in (algo.reward_norm, algo.adv_norm)
     )
-    traits = core_algos.get_adv_estimator_traits(est)
+    traits = _estimator_traits(est)
     if (traits.needs_groups or group_norm) and rollout.n == 1:
         raise ValueError(
             f"algorithm.adv_estimator={est!r} compares the responses to one prompt, but actor_rollout_ref.rollout.n=1 "
@@ -373,7 +366,14 @@ def validate_config(config: Any) -> ValidatedConfig:
             "policy is penalised twice (in the reward and in the loss)",
             stacklevel=2,
         )
-    rc = algo.rollout_correction
+
+
+def check_rollout(v: ValidatedConfig) -> None:
+    """Rollout correction needs the rollout's log-probs; the response length follows `data`."""
+    from verl.trainer.ppo.rollout_corr_helper import validate_rollout_correction_config
+
+    rollout = v.rollout
+    rc = v.algorithm.rollout_correction
     validate_rollout_correction_config(rc)
     if (rc.rollout_is or rc.rollout_rs) and not rollout.calculate_log_probs:
         raise ValueError(
@@ -386,17 +386,14 @@ def validate_config(config: Any) -> ValidatedConfig:
             f"data.max_response_length={v.data.max_response_length}; leave the rollout key at its "
             "default (it follows data)"
         )
-    critic_pool = v.trainer.role_pools.get("critic")
-    check_batch_sizes(
-        v.data,
-        actor,
-        v.critic,
-        rollout,
-        v.n_workers,
-        v.use_critic,
-        critic_workers=sum(critic_pool) if critic_pool else None,
-    )
-    tr = v.trainer
+
+
+def check_trainer(v: ValidatedConfig) -> None:
+    """Trainer values, paths, callbacks, the rollout engine, checkpoint contents, reward functions
+    and model directories."""
+    from verl.utils.tracking import check_backends_available
+
+    algo, actor, tr = v.algorithm, v.actor, v.trainer
     resolve_device(tr.device)
     check_backends_available(tr.logger)
     if tr.critic_warmup and not v.use_critic:
@@ -406,7 +403,7 @@ def validate_config(config: Any) -> ValidatedConfig:
         )
     check_paths_exist(v)
     check_callbacks(tr.callbacks)
-    check_rollout_engine(rollout)
+    check_rollout_engine(v.rollout)
     check_checkpoint_contents("actor_rollout_ref.actor", actor.checkpoint)
     if v.use_critic:
         check_checkpoint_contents("critic", v.critic.checkpoint)
@@ -414,7 +411,6 @@ def validate_config(config: Any) -> ValidatedConfig:
     check_reward_functions(v)
     check_model_dirs(v)
     check_run_inputs(v)
-    return v
 
 
 def check_callbacks(specs: list[str]) -> None:

@@ -1,0 +1,126 @@
+"""Spawning the PPO trainer's worker groups: one colocated worker group per resource pool."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from verl.trainer.ppo.utils import Role
+
+
+@dataclass
+class ResourcePoolManager:
+    """Which resource pool each role runs in.
+
+    `resource_pool_spec`: pool name -> processes per node (e.g. `{"global_pool": [2]}`);
+    `mapping`: role -> pool name. Roles in one pool are colocated: one process per slot holds
+    all of them (weight sync between actor and rollout is then an in-process copy).
+    `use_gpu` / `num_cpus_per_worker` describe what one slot reserves (None: the controller's
+    default).
+    """
+
+    resource_pool_spec: dict[str, list[int]]
+    mapping: dict[Role, str]
+    use_gpu: bool = True
+    num_cpus_per_worker: float | None = None
+    resource_pool_dict: dict[str, Any] = field(default_factory=dict)
+
+    def create_resource_pool(self) -> None:
+        from verl.single_controller.ray import RayResourcePool
+
+        run_id = uuid.uuid4().hex[:6]  # placement-group names are cluster-wide: one Ray may host several runs
+        for name, process_on_nodes in self.resource_pool_spec.items():
+            # one worker group per slot: colocated roles share one process (create_colocated_worker_cls)
+            self.resource_pool_dict[name] = RayResourcePool(
+                process_on_nodes=list(process_on_nodes),
+                use_gpu=self.use_gpu,
+                max_colocate_count=1,
+                name_prefix=f"{name}_{run_id}_",
+                num_cpus_per_worker=self.num_cpus_per_worker,
+            )
+
+    def release(self) -> None:
+        """Give every pool's reservation back to Ray (its actors are killed)."""
+        for pool in self.resource_pool_dict.values():
+            pool.release()
+        self.resource_pool_dict.clear()
+
+    def get_resource_pool(self, role: Role):
+        return self.resource_pool_dict[self.mapping[role]]
+
+    def get_n_gpus(self) -> int:
+        return sum(sum(v) for v in self.resource_pool_spec.values())
+
+
+@contextmanager
+def env_override(env: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore them."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def worker_env(config, device_name: str) -> dict[str, str]:
+    """Environment of every worker process, for the two documented user switches the workers read:
+    the device (`VERL_DEVICE`) and every user module (`VERL_USE_EXTERNAL_MODULES`, so custom
+    losses/estimators registered there exist in the workers too). Everything else a worker needs
+    from the trainer travels as typed init arguments (`WorkerSettings`: the seed, the batch plan);
+    torch threads are set by the worker group (`trainer.torch_threads_per_worker`)."""
+    from verl.trainer.ppo.utils import external_module_list
+
+    env = {"VERL_DEVICE": device_name}
+    mods = external_module_list(config)
+    if mods:
+        env["VERL_USE_EXTERNAL_MODULES"] = ",".join(os.path.abspath(m) if m.endswith(".py") else m for m in mods)
+    return env
+
+
+def spawn_worker_groups(
+    pools,
+    role_worker_mapping: dict,
+    ray_worker_group_cls,
+    roles: list[tuple[Any, str, dict[str, Any]]],
+    env: dict[str, str],
+    num_threads_per_worker: int | None,
+) -> tuple[list[Any], dict[str, Any]]:
+    """Create `pools`' resource pools and, per pool, one worker group whose processes hold every
+    role mapped to it (`create_colocated_worker_cls`).
+
+    `roles`: (role, name, worker init kwargs) for each role this run uses. `env` is set while the
+    groups are created (the controller forwards the driver's `VERL_*` variables to the workers).
+    Returns (the worker groups, name -> that role's worker group view); models are not built yet.
+    """
+    from verl.single_controller.ray import RayClassWithInitArgs
+    from verl.single_controller.ray.base import create_colocated_worker_cls
+
+    pools.create_resource_pool()
+    pool_to_cls: dict[Any, dict[str, Any]] = {p: {} for p in pools.resource_pool_dict.values()}
+    for which, name, init in roles:
+        cls = RayClassWithInitArgs(cls=role_worker_mapping[which], **init)
+        pool_to_cls[pools.get_resource_pool(which)][name] = cls
+    groups: list[Any] = []
+    by_name: dict[str, Any] = {}
+    with env_override(env):
+        for pool, class_dict in pool_to_cls.items():
+            if not class_dict:
+                continue
+            group = ray_worker_group_cls(
+                resource_pool=pool,
+                ray_cls_with_init=create_colocated_worker_cls(class_dict=class_dict),
+                num_threads_per_worker=num_threads_per_worker,
+            )
+            groups.append(group)
+            by_name.update(group.spawn(prefix_set=class_dict.keys()))
+    return groups, by_name
