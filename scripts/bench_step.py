@@ -112,6 +112,9 @@ class TreeMonitor(threading.Thread):
         except Exception:
             cmd = []
         text = " ".join(cmd)
+        exe = os.path.basename(cmd[0]) if cmd else ""
+        if exe in ("raylet", "gcs_server"):  # the raylet's arguments name default_worker.py
+            return exe
         for key in (
             "WorkerDict",
             "IDLE",
@@ -188,6 +191,9 @@ def ours_overrides(shape: dict, model: str, steps: int, run_dir: Path, threads: 
 
 def run_ours(shape, model, steps, run_dir: Path, threads, extra: list[str], repo: str | None = None) -> dict:
     metrics_file = run_dir / "log" / "metrics.jsonl"
+    if repo and model.startswith(str(EMBEDDED)):
+        # the other checkout's own copy: the embedded preset applies to the models it ships
+        model = str(Path(repo) / EMBEDDED.relative_to(REPO_ROOT)) + model[len(str(EMBEDDED)) :]
     cmd = [
         sys.executable,
         "-m",
@@ -421,6 +427,9 @@ def startup_child(args) -> None:
         print(f"bench_step: non-daemon threads alive after run_ppo: {alive}", flush=True)
     marks["python_exit_at"] = time.time()
     Path(args.stamps).write_text(json.dumps(marks))
+    exit_now = getattr(main_ppo, "exit_now", None)  # the exit of `python -m verl.trainer.main_ppo`
+    if exit_now is not None and os.environ.get("BENCH_NORMAL_EXIT") != "1":
+        exit_now(0)
 
 
 def run_startup(model, steps, run_dir: Path, threads) -> dict:
