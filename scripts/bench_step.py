@@ -393,6 +393,8 @@ def startup_child(args) -> None:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     marks["imports"] = time.time() - t
+    me = psutil.Process()
+    rss_mb: dict[str, float] = {"imports": me.memory_info().rss / 2**20}  # the driver's RSS after each phase
 
     def timed(obj, name, key, once=False):
         orig = getattr(obj, name)
@@ -404,6 +406,7 @@ def startup_child(args) -> None:
             finally:
                 if not (once and key in marks):
                     marks[key] = marks.get(key, 0.0) + time.time() - t0
+                    rss_mb.setdefault(key, me.memory_info().rss / 2**20)
 
         setattr(obj, name, wrapper)
 
@@ -425,6 +428,10 @@ def startup_child(args) -> None:
     alive = [t.name for t in _th.enumerate() if t is not _th.main_thread() and not t.daemon]
     if alive:  # the interpreter waits for these at exit
         print(f"bench_step: non-daemon threads alive after run_ppo: {alive}", flush=True)
+    import resource
+
+    rss_mb["peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    marks["driver_rss_mb"] = {k: round(v) for k, v in rss_mb.items()}
     marks["python_exit_at"] = time.time()
     Path(args.stamps).write_text(json.dumps(marks))
     exit_now = getattr(main_ppo, "exit_now", None)  # the exit of `python -m verl.trainer.main_ppo`
@@ -625,10 +632,12 @@ def main(argv=None):
             run_dir = Path(tempfile.mkdtemp(prefix="startup_", dir=work))
             load = load_str()
             runs.append(run_startup(model_path("embedded", work), 2, run_dir, args.threads))
+            rss = runs[-1].pop("driver_rss_mb", {})
             print(
                 f"[startup] round {r}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()) + f" ({load})",
                 flush=True,
             )
+            print("          driver RSS (MB) after: " + ", ".join(f"{k} {v}" for k, v in rss.items()), flush=True)
         med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
         print(
             "\n== start-up of the default job (2 steps), seconds, medians: "

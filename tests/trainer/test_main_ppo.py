@@ -208,3 +208,27 @@ def test_cli_error_after_ray_started_exits_one_with_its_traceback(tmp_path):
     )
     assert proc.returncode == 1
     assert "reward exploded on purpose" in proc.stderr
+
+
+@pytest.mark.slow
+def test_shutdown_ray_stops_every_process_of_the_private_session():
+    # the monitor is SIGKILLed up front (its SIGTERM handler waits on the stopped GCS for Ray's full
+    # 1 s grace); every other process goes Ray's own way; none is left
+    proc = _run_python(
+        "import psutil, ray\n"
+        "from verl.trainer import main_ppo\n"
+        "assert main_ppo._init_ray({'num_cpus': 1})\n"
+        "node = ray._private.worker._global_node\n"
+        "procs = {t: [i.process for i in v] for t, v in node.all_processes.items()}\n"
+        "main_ppo._shutdown_ray()\n"
+        "print(sorted(procs))\n"
+        "print([p.returncode for p in procs['monitor']])\n"
+        "print([t for t, ps in procs.items() for p in ps if p.poll() is None])\n"
+        "print(ray.is_initialized())\n",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds, monitor_codes, alive, initialized = proc.stdout.strip().split("\n")[-4:]
+    assert "'monitor'" in kinds and "'gcs_server'" in kinds and "'raylet'" in kinds
+    assert monitor_codes == "[-9]"
+    assert alive == "[]" and initialized == "False"
