@@ -199,15 +199,15 @@ def test_cli_run_exits_zero_after_the_fast_exit(tmp_path):
 
 @pytest.mark.slow
 def test_cli_error_after_ray_started_exits_one_with_its_traceback(tmp_path):
-    # the reward function fails in the first step, after Ray and the workers started: the normal
-    # exit path (Hydra's report, exit code 1) runs, not the fast exit of a finished run
-    reward = tmp_path / "bad_reward.py"
-    reward.write_text("def compute_score(*args, **kwargs):\n    raise RuntimeError('reward exploded on purpose')\n")
-    proc = _run_cli(
-        [*SMALL_RUN, f"custom_reward_function.path={reward}", "custom_reward_function.name=compute_score"], tmp_path
-    )
-    assert proc.returncode == 1
-    assert "reward exploded on purpose" in proc.stderr
+    # the training file exists (the config check passes) but is no parquet: reading it fails after
+    # Ray started, and the normal exit path (Hydra's report, exit code 1) runs, not the fast exit
+    bad = tmp_path / "not_parquet.parquet"
+    bad.write_text("this is not a parquet file\n")
+    proc = _run_cli([*SMALL_RUN, f"data.train_files={bad}"], tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Error executing job" in proc.stderr and "not_parquet.parquet" in proc.stderr
+    assert "ray_trainer.py" in proc.stderr  # raised by the trainer, after Ray started
+    assert not (tmp_path / "log" / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow
