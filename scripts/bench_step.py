@@ -103,6 +103,7 @@ class TreeMonitor(threading.Thread):
         self.lines_file = lines_file
         self.interval = interval
         self.peak: dict[int, tuple[int, str]] = {}
+        self.cmdlines: dict[int, str] = {}
         self.line_times: list[float] = []
         self.stop = threading.Event()
 
@@ -144,6 +145,15 @@ class TreeMonitor(threading.Thread):
             # a process may exec or retitle itself (Ray workers become ray::WorkerDict): keep
             # looking until the name says what it is
             name = old[1] if old is not None and old[1] not in ("python", "python3") else self._proc_name(p)
+            try:
+                text = " ".join(p.cmdline())
+            except self.psutil.Error:
+                text = ""
+            if old is not None and text and text != self.cmdlines.get(p.pid, text):
+                # it exec'd (or retitled): a child sampled between fork and exec showed its
+                # parent's pages (the driver's ~250 MB), which the new program never had
+                old, name = None, self._proc_name(p)
+            self.cmdlines[p.pid] = text or self.cmdlines.get(p.pid, "")
             self.peak[p.pid] = (max(rss, old[0]) if old is not None else rss, name)
 
     def count_lines(self):
