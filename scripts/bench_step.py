@@ -103,6 +103,7 @@ class TreeMonitor(threading.Thread):
         self.lines_file = lines_file
         self.interval = interval
         self.peak: dict[int, tuple[int, str]] = {}
+        self.cmdlines: dict[int, str] = {}
         self.line_times: list[float] = []
         self.stop = threading.Event()
 
@@ -112,6 +113,9 @@ class TreeMonitor(threading.Thread):
         except Exception:
             cmd = []
         text = " ".join(cmd)
+        exe = os.path.basename(cmd[0]) if cmd else ""
+        if exe in ("raylet", "gcs_server"):  # the raylet's arguments name default_worker.py
+            return exe
         for key in (
             "WorkerDict",
             "IDLE",
@@ -141,6 +145,15 @@ class TreeMonitor(threading.Thread):
             # a process may exec or retitle itself (Ray workers become ray::WorkerDict): keep
             # looking until the name says what it is
             name = old[1] if old is not None and old[1] not in ("python", "python3") else self._proc_name(p)
+            try:
+                text = " ".join(p.cmdline())
+            except self.psutil.Error:
+                text = ""
+            if old is not None and text and text != self.cmdlines.get(p.pid, text):
+                # it exec'd (or retitled): a child sampled between fork and exec showed its
+                # parent's pages (the driver's ~250 MB), which the new program never had
+                old, name = None, self._proc_name(p)
+            self.cmdlines[p.pid] = text or self.cmdlines.get(p.pid, "")
             self.peak[p.pid] = (max(rss, old[0]) if old is not None else rss, name)
 
     def count_lines(self):
@@ -188,6 +201,9 @@ def ours_overrides(shape: dict, model: str, steps: int, run_dir: Path, threads: 
 
 def run_ours(shape, model, steps, run_dir: Path, threads, extra: list[str], repo: str | None = None) -> dict:
     metrics_file = run_dir / "log" / "metrics.jsonl"
+    if repo and model.startswith(str(EMBEDDED)):
+        # the other checkout's own copy: the embedded preset applies to the models it ships
+        model = str(Path(repo) / EMBEDDED.relative_to(REPO_ROOT)) + model[len(str(EMBEDDED)) :]
     cmd = [
         sys.executable,
         "-m",
@@ -387,6 +403,8 @@ def startup_child(args) -> None:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     marks["imports"] = time.time() - t
+    me = psutil.Process()
+    rss_mb: dict[str, float] = {"imports": me.memory_info().rss / 2**20}  # the driver's RSS after each phase
 
     def timed(obj, name, key, once=False):
         orig = getattr(obj, name)
@@ -398,6 +416,7 @@ def startup_child(args) -> None:
             finally:
                 if not (once and key in marks):
                     marks[key] = marks.get(key, 0.0) + time.time() - t0
+                    rss_mb.setdefault(key, me.memory_info().rss / 2**20)
 
         setattr(obj, name, wrapper)
 
@@ -419,8 +438,15 @@ def startup_child(args) -> None:
     alive = [t.name for t in _th.enumerate() if t is not _th.main_thread() and not t.daemon]
     if alive:  # the interpreter waits for these at exit
         print(f"bench_step: non-daemon threads alive after run_ppo: {alive}", flush=True)
+    import resource
+
+    rss_mb["peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    marks["driver_rss_mb"] = {k: round(v) for k, v in rss_mb.items()}
     marks["python_exit_at"] = time.time()
     Path(args.stamps).write_text(json.dumps(marks))
+    exit_now = getattr(main_ppo, "exit_now", None)  # the exit of `python -m verl.trainer.main_ppo`
+    if exit_now is not None and os.environ.get("BENCH_NORMAL_EXIT") != "1":
+        exit_now(0)
 
 
 def run_startup(model, steps, run_dir: Path, threads) -> dict:
@@ -616,10 +642,12 @@ def main(argv=None):
             run_dir = Path(tempfile.mkdtemp(prefix="startup_", dir=work))
             load = load_str()
             runs.append(run_startup(model_path("embedded", work), 2, run_dir, args.threads))
+            rss = runs[-1].pop("driver_rss_mb", {})
             print(
                 f"[startup] round {r}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()) + f" ({load})",
                 flush=True,
             )
+            print("          driver RSS (MB) after: " + ", ".join(f"{k} {v}" for k, v in rss.items()), flush=True)
         med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
         print(
             "\n== start-up of the default job (2 steps), seconds, medians: "

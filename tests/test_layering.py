@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "verl"
 LAYER_OF_PREFIX: list[tuple[str, str]] = [
     ("verl.trainer.ppo.core_algos", "algorithms"),
     ("verl.trainer.ppo.algos", "algorithms"),  # the modules behind core_algos
+    ("verl.trainer.ppo.mode_names", "algorithms"),  # loss-mode and KL names, torch-free
     ("verl.trainer.config", "config"),
     ("verl.workers.config", "config"),
     ("verl.base_config", "config"),

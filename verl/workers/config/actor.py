@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig, check_choice, check_range
-from verl.trainer.ppo import core_algos
+from verl.trainer.ppo import mode_names
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import OptimizerConfig
 
 # the accepted values are owned by the functions that interpret them
-LOSS_AGG_MODES = core_algos.LOSS_AGG_MODES
-KL_TYPES = core_algos.KL_PENALTY_TYPES
+LOSS_AGG_MODES = mode_names.LOSS_AGG_MODES
+KL_TYPES = mode_names.KL_PENALTY_TYPES
 
 
 @dataclass

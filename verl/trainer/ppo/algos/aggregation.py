@@ -16,14 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-LOSS_AGG_MODES = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-    "prompt-mean",
-)
+from verl.trainer.ppo.mode_names import LOSS_AGG_MODES  # noqa: F401 - re-exported
+
 GLOBAL_BATCH_INFO_KEYS = (
     "dp_size",
     "batch_num_tokens",

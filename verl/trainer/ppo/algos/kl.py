@@ -9,19 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.trainer.ppo.mode_names import _KL_BASE, KL_PENALTY_TYPES  # noqa: F401 - re-exported
 from verl.utils.py_functional import config_get
-
-_KL_BASE = {
-    "kl": "k1",
-    "k1": "k1",
-    "abs": "abs",
-    "mse": "k2",
-    "k2": "k2",
-    "low_var_kl": "k3",
-    "k3": "k3",
-    "full": "full",
-}
-KL_PENALTY_TYPES = tuple(_KL_BASE) + tuple(f"{k}+" for k in _KL_BASE if k != "full")
 
 
 def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
