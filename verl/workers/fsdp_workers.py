@@ -72,6 +72,7 @@ from verl.utils.model import (
 )
 from verl.utils.tokenizer import hf_processor, hf_tokenizer
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
+from verl.workers.engine.dp_engine import step_lr_scheduler
 from verl.workers.engine.fsdp_model import build_fsdp_model
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker", "AsyncActorRolloutRefWorker"]
@@ -573,7 +574,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             out = self.actor.update(data)
             elapsed = time.perf_counter() - start
             lr = self.actor_lr_scheduler.get_last_lr()[0]
-            self.actor_lr_scheduler.step()
+            step_lr_scheduler(self.actor_lr_scheduler)
             self._weights_version += 1
         metrics = out.metrics
         metrics["actor/lr"] = [lr]
@@ -695,7 +696,7 @@ class CriticWorker(Worker, _OffloadMixin):
         with self._critic_resident():
             metrics = self.critic.update_critic(data)
             lr = self.critic_lr_scheduler.get_last_lr()[0]
-            self.critic_lr_scheduler.step()
+            step_lr_scheduler(self.critic_lr_scheduler)
             metrics["critic/lr"] = [lr]
             metrics.update(memory_metrics(self.device_name, "perf/critic_memory"))
         return DataProto(meta_info={"metrics": metrics})

@@ -25,6 +25,7 @@ rank (`all_ranks_finite`); a mini-batch whose gradient norm is not finite takes 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ __all__ = [
     "global_loss_stats",
     "mini_batch_order",
     "prompt_ids",
+    "step_lr_scheduler",
 ]
 
 logger = logging.getLogger(__name__)
@@ -173,6 +175,15 @@ def clip_and_step(optimizer: torch.optim.Optimizer, params, grad_clip, meter: St
         return False
     optimizer.step()
     return True
+
+
+def step_lr_scheduler(scheduler) -> None:
+    """Advance a learning-rate schedule by one trainer step. The schedule counts steps, taken or
+    skipped (a non-finite gradient norm skips `optimizer.step()`); when the very first steps were
+    skipped, PyTorch's warning that the scheduler ran before the optimizer is expected and muted."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        scheduler.step()
 
 
 @dataclass

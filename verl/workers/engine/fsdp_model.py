@@ -25,12 +25,14 @@ def build_fsdp_model(
     world_size: int,
     train: bool,
     lora_task: str | None = None,
+    mesh=None,
 ):
     """Load with `builder`, optionally enable gradient checkpointing, move to the device, shard.
 
     `lora_task` (a peft task type) with `train` and `model_config.use_lora`: the model is wrapped
     in a peft LoRA adapter before sharding (frozen base, trainable adapter; see `apply_lora`).
-    FSDP2 shards every parameter on its own, so frozen and trainable ones share a unit.
+    FSDP2 shards every parameter on its own, so frozen and trainable ones share a unit. `mesh`: the
+    device mesh to shard over (default: one from `world_size` and `fsdp_config.fsdp_size`).
     """
     module = builder(
         path,
@@ -53,7 +55,8 @@ def build_fsdp_model(
     if not train:
         module.requires_grad_(False)
         module.eval()
-    mesh = create_device_mesh(world_size, fsdp_config.fsdp_size, device_name)
+    if mesh is None:
+        mesh = create_device_mesh(world_size, fsdp_config.fsdp_size, device_name)
     apply_fsdp2(
         module, mesh, reshard_after_forward=fsdp_config.reshard_after_forward, wrap_policy=fsdp_config.wrap_policy
     )
