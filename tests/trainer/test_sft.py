@@ -235,15 +235,14 @@ def test_gradient_accumulation_is_exact(tmp_path, tiny_model_dir, tokenizer):
             trainer = FSDPSFTTrainer(cfg, tokenizer, ds)
             batch = next(iter(trainer.train_loader))
             grads = {}
-            step = trainer.optimizer.step
 
-            def capture(*a, _step=step, _grads=grads, _model=trainer.model, **kw):
+            # a pre-step hook, not a replaced optimizer.step (the lr scheduler warns on those)
+            def capture(_optimizer, _args, _kwargs, _grads=grads, _model=trainer.model):
                 for name, p in _model.named_parameters():
                     g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
                     _grads[name] = g.detach().clone()
-                return _step(*a, **kw)
 
-            trainer.optimizer.step = capture
+            trainer.optimizer.register_step_pre_hook(capture)
             metrics = trainer.training_step(batch)
             params.append((metrics["train/loss"], grads, get_full_state_dict(trainer.model)))
         (loss_a, g_a, sd_a), (loss_b, g_b, sd_b) = params

@@ -452,3 +452,32 @@ def test_batch_plan_from_the_trainer_is_applied_and_checked():
     assert c.ppo_mini_batch_size == 16
     with pytest.raises(ValueError, match=r"batch plan is for 2 workers.*this worker has 4 workers"):
         _apply_batch_plan("critic", cfg(), 4, 4, WorkerSettings(seed=1, batch_plan=plan))
+
+
+def test_resident_offloads_again_when_the_body_raises(monkeypatch):
+    """`_resident` is the one bracket around every worker method: the model (and optimizer) go back
+    to the CPU on the way out, also when the method fails half-way."""
+    import types
+
+    import verl.workers.fsdp_workers as fw
+
+    calls = []
+    monkeypatch.setattr(fw, "load_fsdp_model_to_gpu", lambda m: calls.append(("load", m)))
+    monkeypatch.setattr(fw, "offload_fsdp_model_to_cpu", lambda m: calls.append(("offload", m)))
+    monkeypatch.setattr(fw, "offload_fsdp_optimizer", lambda o: calls.append(("offload_optim", o)))
+    monkeypatch.setattr(fw, "load_fsdp_optimizer", lambda o, device: calls.append(("load_optim", o)))
+    monkeypatch.setattr(fw.torch.cuda, "current_device", lambda: 0)
+    owner = fw._OffloadMixin()
+    owner.device_name = "cuda"
+    cfg = types.SimpleNamespace(param_offload=True, optimizer_offload=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        with owner._resident("model", "optim", cfg):
+            assert calls == [("load", "model"), ("load_optim", "optim")]
+            raise RuntimeError("boom")
+    assert calls[2:] == [("offload", "model"), ("offload_optim", "optim")]
+    # on CPU nothing moves
+    calls.clear()
+    owner.device_name = "cpu"
+    with owner._resident("model", "optim", cfg):
+        pass
+    assert calls == []

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl.utils.seqlen_balancing import (
-    compact_rows,
     get_reverse_idx,
     get_seqlen_balanced_partitions,
     log_seqlen_unbalance,
@@ -22,8 +21,8 @@ from verl.utils.seqlen_balancing import (
     plan_micro_batches,
     plan_micro_batches_for_mask,
     rearrange_micro_batches,
-    response_outputs,
 )
+from verl.workers.engine.padding_free import compact_rows, response_outputs
 
 # ---------------------------------------------------------------------------------------------
 # micro-batch planning

@@ -20,8 +20,8 @@ directory `trainer.default_local_dir/global_step_{N}` every `trainer.save_freq` 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
 import os
 import socket
 import time
@@ -32,6 +32,13 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch.utils.data import DataLoader, DistributedSampler
+
+from verl.trainer.ppo.utils import resolve_device
+from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer, resolve_compute_dtype
+from verl.utils.model import build_causal_lm
+from verl.workers.config import FSDPEngineConfig, HFModelConfig, OptimizerConfig
+from verl.workers.engine.dp_engine import step_lr_scheduler
+from verl.workers.engine.fsdp_model import build_fsdp_model
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +54,56 @@ def _free_port() -> int:
 def _resolve_device(name: str) -> str:
     if name not in ("auto", "cpu", "cuda"):
         raise ValueError(f"trainer.device={name!r} is not allowed; choose auto, cpu or cuda")
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but torch sees no CUDA device")
-    return name
+    return resolve_device(name)
+
+
+def _local_batch(data, world_size: int, num_train: int) -> int:
+    """Sequences per process and optimizer step, with the divisibility rules checked."""
+    if data.train_batch_size % world_size:
+        raise ValueError(
+            f"data.train_batch_size={data.train_batch_size} must be divisible by the number of processes {world_size}"
+        )
+    local = data.train_batch_size // world_size
+    if local % data.micro_batch_size_per_gpu:
+        raise ValueError(
+            f"data.micro_batch_size_per_gpu={data.micro_batch_size_per_gpu} must divide the per-process batch "
+            f"{local} (= data.train_batch_size {data.train_batch_size} / {world_size} processes)"
+        )
+    if num_train < data.train_batch_size:
+        raise ValueError(
+            f"the SFT training set has {num_train} sequences, fewer than data.train_batch_size={data.train_batch_size}"
+        )
+    return local
+
+
+def _optim_config(optim, total_steps: int) -> OptimizerConfig:
+    """The SFT `optim` keys (upstream's SFT names) as the shared `OptimizerConfig`: AdamW, linear
+    warm-up of `warmup_steps_ratio` x the optimizer steps, then cosine or constant."""
+    if optim.lr_scheduler not in ("cosine", "constant"):
+        raise ValueError(f"optim.lr_scheduler={optim.lr_scheduler!r} is not allowed; choose cosine or constant")
+    return OptimizerConfig(
+        lr=float(optim.lr),
+        betas=tuple(optim.betas),
+        eps=float(optim.get("eps", 1e-8)),
+        weight_decay=float(optim.weight_decay),
+        lr_warmup_steps_ratio=float(optim.warmup_steps_ratio),
+        total_training_steps=int(total_steps),
+        lr_scheduler_type=optim.lr_scheduler,
+        min_lr_ratio=float(optim.get("min_lr_ratio", 0.0)),
+    )
+
+
+def _fsdp_config(fsdp_cfg) -> FSDPEngineConfig:
+    """The SFT `model.fsdp_config` keys as the shared `FSDPEngineConfig`."""
+    wrap_policy = fsdp_cfg.get("wrap_policy") or {}
+    if isinstance(wrap_policy, DictConfig):
+        wrap_policy = OmegaConf.to_container(wrap_policy, resolve=True)
+    return FSDPEngineConfig(
+        model_dtype=fsdp_cfg.get("model_dtype", "fp32"),
+        cpu_autocast_bf16=bool(fsdp_cfg.get("cpu_autocast_bf16", False)),
+        reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
+        wrap_policy=dict(wrap_policy),
+    )
 
 
 def init_process_group(device: str) -> bool:
@@ -104,42 +156,19 @@ class FSDPSFTTrainer:
     """
 
     def __init__(self, config, tokenizer, train_dataset, val_dataset=None, device_mesh=None):
-        from torch.distributed.device_mesh import init_device_mesh
-        from transformers import AutoModelForCausalLM
-
-        from verl.utils.fsdp_utils import apply_fsdp2
-        from verl.utils.model import torch_dtype_from_name
-
         self.config = config
         self.tokenizer = tokenizer
         self.device = _resolve_device(config.trainer.device)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        data = config.data
-
-        if data.train_batch_size % self.world_size:
-            raise ValueError(
-                f"data.train_batch_size={data.train_batch_size} must be divisible by the number of "
-                f"processes {self.world_size}"
-            )
-        self.local_batch = data.train_batch_size // self.world_size
-        if self.local_batch % data.micro_batch_size_per_gpu:
-            raise ValueError(
-                f"data.micro_batch_size_per_gpu={data.micro_batch_size_per_gpu} must divide the per-process batch "
-                f"{self.local_batch} (= data.train_batch_size {data.train_batch_size} / {self.world_size} processes)"
-            )
-        if len(train_dataset) < data.train_batch_size:
-            raise ValueError(
-                f"the SFT training set has {len(train_dataset)} sequences, fewer than "
-                f"data.train_batch_size={data.train_batch_size}"
-            )
+        self.local_batch = _local_batch(config.data, self.world_size, len(train_dataset))
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.train_sampler = DistributedSampler(
             train_dataset,
             num_replicas=self.world_size,
             rank=self.rank,
-            shuffle=bool(data.get("shuffle", True)),
-            seed=int(data.get("seed", 1)),
+            shuffle=bool(config.data.get("shuffle", True)),
+            seed=int(config.data.get("seed", 1)),
             drop_last=True,
         )
         self.train_loader = DataLoader(
@@ -154,61 +183,11 @@ class FSDPSFTTrainer:
             raise ValueError(
                 f"no training steps: {self.steps_per_epoch} steps per epoch x trainer.total_epochs={tr.total_epochs}"
             )
-
         torch.manual_seed(int(tr.seed))
-        fsdp_cfg = config.model.fsdp_config
-        model_dtype = torch_dtype_from_name(fsdp_cfg.get("model_dtype", "fp32")) or torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(
-            config.model.partial_pretrain, dtype=model_dtype, trust_remote_code=bool(config.model.trust_remote_code)
-        )
-        if config.model.get("enable_gradient_checkpointing"):
-            self.model.gradient_checkpointing_enable()
-        self.lora_config = _lora_model_config(config.model)
-        if self.lora_config is not None:
-            from verl.utils.model import apply_lora
-
-            # before sharding: frozen base, trainable adapter (the same on every rank)
-            self.model = apply_lora(self.model, self.lora_config, task_type="CAUSAL_LM")
-        self.model.config.use_cache = False
-        self.model.to(self.device)
-        self.mesh = device_mesh or init_device_mesh(
-            self.device, mesh_shape=(self.world_size,), mesh_dim_names=("fsdp",)
-        )
-        wrap_policy = (
-            OmegaConf.to_container(fsdp_cfg.wrap_policy, resolve=True)
-            if isinstance(fsdp_cfg.get("wrap_policy"), DictConfig)
-            else dict(fsdp_cfg.get("wrap_policy") or {})
-        )
-        apply_fsdp2(
-            self.model,
-            self.mesh,
-            reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
-            wrap_policy=wrap_policy,
-        )
-        self.compute_dtype = torch.bfloat16 if (self.device == "cuda" or fsdp_cfg.get("cpu_autocast_bf16")) else None
-
-        optim = config.optim
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=optim.lr,
-            betas=tuple(optim.betas),
-            eps=optim.get("eps", 1e-8),
-            weight_decay=optim.weight_decay,
-        )
-        warmup = int(math.floor(float(optim.warmup_steps_ratio) * self.total_steps))
-        from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-
-        if optim.lr_scheduler == "cosine":
-            self.lr_scheduler = get_cosine_schedule_with_warmup(
-                self.optimizer,
-                num_warmup_steps=warmup,
-                num_training_steps=self.total_steps,
-                min_lr_ratio=float(optim.get("min_lr_ratio", 0.0)),
-            )
-        elif optim.lr_scheduler == "constant":
-            self.lr_scheduler = get_constant_schedule_with_warmup(self.optimizer, num_warmup_steps=warmup)
-        else:
-            raise ValueError(f"optim.lr_scheduler={optim.lr_scheduler!r} is not allowed; choose cosine or constant")
+        self._build_model(device_mesh)
+        optim_config = _optim_config(config.optim, self.total_steps)
+        self.optimizer = build_optimizer(self.model.parameters(), optim_config)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config)
         self.state = SFTState()
         self._tracking = None
         backends = [b for b in (tr.get("logger") or []) if b != "console"]
@@ -219,6 +198,32 @@ class FSDPSFTTrainer:
             self._tracking = Tracking(
                 tr.project_name, tr.experiment_name, backends, config=OmegaConf.to_container(config, resolve=True)
             )
+
+    def _build_model(self, device_mesh) -> None:
+        """The policy model as the RL workers build it (`build_fsdp_model`: gradient checkpointing,
+        a LoRA adapter before sharding, FSDP2), from the SFT `model` keys."""
+        model_cfg = self.config.model
+        self.lora_config = _lora_model_config(model_cfg)
+        model_config = self.lora_config or HFModelConfig(path=model_cfg.get("partial_pretrain"))
+        model_config = dataclasses.replace(
+            model_config,
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+            enable_gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
+        )
+        fsdp_config = _fsdp_config(model_cfg.fsdp_config)
+        self.model = build_fsdp_model(
+            build_causal_lm,
+            model_cfg.partial_pretrain,
+            model_config,
+            fsdp_config,
+            self.device,
+            self.world_size,
+            train=True,
+            lora_task="CAUSAL_LM",
+            mesh=device_mesh,
+        )
+        self.model.config.use_cache = False  # training: no KV cache (save_checkpoint writes True)
+        self.compute_dtype = resolve_compute_dtype(fsdp_config, self.device)
 
     # ------------------------------------------------------------------------------------------------
     def _autocast(self):
@@ -279,7 +284,7 @@ class FSDPSFTTrainer:
                 "step %d: gradient norm is %s, optimizer step skipped", self.state.global_step + 1, grad_norm.item()
             )
         lr = self.lr_scheduler.get_last_lr()[0]
-        self.lr_scheduler.step()
+        step_lr_scheduler(self.lr_scheduler)
         self.optimizer.zero_grad(set_to_none=True)
         return {
             "train/loss": loss,

@@ -33,6 +33,7 @@ in the output batch, with the usual metrics.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -50,11 +51,9 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import (
     all_reduce_scalar,
-    apply_fsdp2,
     build_lr_scheduler,
     build_optimizer,
     cpu_has_fast_bf16,
-    create_device_mesh,
     get_full_state_dict,
     get_lora_merged_state_dict,
     load_fsdp_model_to_gpu,
@@ -65,18 +64,18 @@ from verl.utils.fsdp_utils import (
 )
 from verl.utils.import_utils import import_external_libs, import_external_libs_from_env
 from verl.utils.model import (
-    apply_lora,
     build_causal_lm,
     build_reward_model,
     build_value_model,
     compute_position_id_with_mask,
-    count_parameters,
     is_peft_model,
     resolve_model_path,
     torch_dtype_from_name,
 )
 from verl.utils.tokenizer import hf_processor, hf_tokenizer
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
+from verl.workers.engine.dp_engine import step_lr_scheduler
+from verl.workers.engine.fsdp_model import build_fsdp_model
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker", "AsyncActorRolloutRefWorker"]
 
@@ -149,49 +148,15 @@ class _OffloadMixin:
         if optim_off and optimizer is not None:
             offload_fsdp_optimizer(optimizer)
 
-
-def _build_fsdp_model(
-    builder,
-    path,
-    model_config: HFModelConfig,
-    fsdp_config,
-    device_name: str,
-    world_size: int,
-    train: bool,
-    lora_task: str | None = None,
-):
-    """Load with `builder`, optionally enable gradient checkpointing, move to the device, shard.
-
-    `lora_task` (a peft task type) with `train` and `model_config.use_lora`: the model is wrapped
-    in a peft LoRA adapter before sharding (frozen base, trainable adapter; see `apply_lora`).
-    FSDP2 shards every parameter on its own, so frozen and trainable ones share a unit.
-    """
-    module = builder(
-        path,
-        override_config=model_config.override_config,
-        torch_dtype=fsdp_config.model_dtype,
-        trust_remote_code=model_config.trust_remote_code,
-    )
-    if train and model_config.enable_gradient_checkpointing:
-        # transformers >= 5.2x renamed the switch and its kwargs; older versions have the old name
-        if hasattr(module, "activation_checkpointing_enable"):
-            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if train and lora_task is not None and model_config.use_lora:
-        module = apply_lora(module, model_config, task_type=lora_task)
-        trainable, total = count_parameters(module)
-        logger.info("LoRA: %d of %d parameters trainable (%.3f%%)", trainable, total, 100.0 * trainable / max(total, 1))
-    if device_name == "cuda":
-        module.to(torch.device("cuda", torch.cuda.current_device()))
-    if not train:
-        module.requires_grad_(False)
-        module.eval()
-    mesh = create_device_mesh(world_size, fsdp_config.fsdp_size, device_name)
-    apply_fsdp2(
-        module, mesh, reshard_after_forward=fsdp_config.reshard_after_forward, wrap_policy=fsdp_config.wrap_policy
-    )
-    return module
+    @contextlib.contextmanager
+    def _resident(self, module, optimizer, fsdp_config):
+        """`module` (and `optimizer`) on the device for the body of the `with`, offloaded again when
+        it ends, also when it raises (a failed call must not leave the accelerator full)."""
+        self._load_to_device(module, optimizer, fsdp_config)
+        try:
+            yield
+        finally:
+            self._offload(module, optimizer, fsdp_config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,7 +281,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             )
 
         if self._is_actor:
-            self.actor_module = _build_fsdp_model(
+            self.actor_module = build_fsdp_model(
                 build_causal_lm,
                 path,
                 self.model_config,
@@ -351,7 +316,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             self._is_ref = False
         if self._is_ref:
             ref_fsdp = self.ref_config.fsdp_config
-            self.ref_module = _build_fsdp_model(
+            self.ref_module = build_fsdp_model(
                 build_causal_lm, path, self.model_config, ref_fsdp, self.device_name, self.world_size, train=False
             )
             self.ref_policy = DataParallelPPOActor(
@@ -481,20 +446,17 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         meta.setdefault("eos_token_id", self._eos_ids())
         meta.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         prompts = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch, meta_info=meta)
-        if self.actor_module is not None:
-            self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
-        sync_metrics = self._sync_rollout_weights()
-        self.rollout.resume()
-        start = time.perf_counter()
-        if self.rollout_config.multi_turn.enable:
-            output = self._agent_rollout().generate_sequences(prompts)
-        else:
-            _reject_agent_names(prompts)
-            output = self.rollout.generate_sequences(prompts)
-        elapsed = float(all_reduce_scalar(time.perf_counter() - start, dist.ReduceOp.MAX))
-        self.rollout.release()
-        if self.actor_module is not None:
-            self._offload(self.actor_module, None, self.actor_config.fsdp_config)
+        with self._actor_resident(optimizer=False):
+            sync_metrics = self._sync_rollout_weights()
+            self.rollout.resume()
+            start = time.perf_counter()
+            if self.rollout_config.multi_turn.enable:
+                output = self._agent_rollout().generate_sequences(prompts)
+            else:
+                _reject_agent_names(prompts)
+                output = self.rollout.generate_sequences(prompts)
+            elapsed = float(all_reduce_scalar(time.perf_counter() - start, dist.ReduceOp.MAX))
+            self.rollout.release()
         output = output.to("cpu")
         output.meta_info["timing"] = {"generate_sequences": elapsed}
         if sync_metrics:
@@ -516,27 +478,45 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
         return eos if eos is not None else self.tokenizer.eos_token_id
 
-    def _log_prob_meta(self, data: DataProto, micro, use_dynamic, max_token_len) -> DataProto:
-        """A view of `data` with the micro-batching of a log-prob pass in its own meta_info (the
-        caller's DataProto is not modified)."""
+    def _actor_resident(self, optimizer: bool = True):
+        """The actor's weights (and optimizer state) resident for a `with` body; nothing to do on a
+        worker without an actor (a standalone rollout)."""
+        if self.actor_module is None:
+            return contextlib.nullcontext()
+        return self._resident(
+            self.actor_module, self.actor_optimizer if optimizer else None, self.actor_config.fsdp_config
+        )
+
+    def _log_prob_pass(self, policy, module, fsdp_config, data, micro_cfg, entropy: bool, base_model: bool = False):
+        """One log-prob pass of `policy` (an actor engine) over `data` with `module` resident.
+
+        `micro_cfg` holds the pass's micro-batching (`log_prob_micro_batch_size_per_gpu`,
+        `log_prob_use_dynamic_bsz`, `log_prob_max_token_len_per_gpu`: the rollout's for the old
+        log-probs, the ref's for the reference); the temperature defaults to the rollout's.
+        `base_model`: a LoRA actor with its adapter disabled. Returns the engine's `InferOutput` and
+        the temperature of the pass.
+        """
         meta = dict(data.meta_info)
-        meta.update(micro_batch_size=micro, use_dynamic_bsz=use_dynamic, max_token_len=max_token_len)
+        meta.update(
+            micro_batch_size=micro_cfg.log_prob_micro_batch_size_per_gpu,
+            use_dynamic_bsz=micro_cfg.log_prob_use_dynamic_bsz,
+            max_token_len=micro_cfg.log_prob_max_token_len_per_gpu,
+        )
         meta.setdefault("temperature", self.rollout_config.temperature)
-        return DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta)
+        view = DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta)
+        with self._resident(module, None, fsdp_config):
+            with module.disable_adapter() if base_model else contextlib.nullcontext():
+                return policy.infer(view, calculate_entropy=entropy), meta["temperature"]
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """`old_log_probs` and `entropys` [b, R] of the responses under the current actor."""
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob needs the actor role; this worker's role is {self.role!r}")
-        rc = self.rollout_config
-        data = self._log_prob_meta(
-            data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu
-        )
-        self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
-        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
-        self._offload(self.actor_module, None, self.actor_config.fsdp_config)
-        metrics = {"actor/padding_waste_log_prob": self.actor.last_padding_stats.get("padding_waste", 0.0)}
+        fsdp_cfg = self.actor_config.fsdp_config
+        out, temperature = self._log_prob_pass(self.actor, self.actor_module, fsdp_cfg, data, self.rollout_config, True)
+        log_probs = out.outputs["log_probs"]
+        metrics = {"actor/padding_waste_log_prob": out.padding["padding_waste"]}
         if "rollout_log_probs" in data.batch.keys():
             from verl.trainer.ppo.algos.rollout_rejection import compute_mismatch_metrics
 
@@ -546,39 +526,26 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
                 )
             )
         return DataProto.from_dict(
-            tensors={"old_log_probs": log_probs, "entropys": entropys},
-            meta_info={"temperature": data.meta_info["temperature"], "metrics": metrics},
+            tensors={"old_log_probs": log_probs, "entropys": out.outputs["entropys"]},
+            meta_info={"temperature": temperature, "metrics": metrics},
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """`ref_log_prob` [b, R] of the responses under the frozen reference policy."""
-        rc = self.ref_config
-        if self.ref_policy is None and self._ref_from_actor():
-            return self._lora_ref_log_prob(data)
-        if self.ref_policy is None:
+        """`ref_log_prob` [b, R] of the responses under the frozen reference policy: the ref model,
+        or with a LoRA actor the actor with its adapter disabled (= the frozen base the adapter was
+        put on; with `lora_adapter_path`, the base without that adapter). Micro-batching follows
+        `ref.log_prob_*`."""
+        if self.ref_policy is not None:
+            out, _ = self._log_prob_pass(
+                self.ref_policy, self.ref_module, self.ref_config.fsdp_config, data, self.ref_config, False
+            )
+        elif self._ref_from_actor():
+            fsdp_cfg = self.actor_config.fsdp_config
+            out, _ = self._log_prob_pass(self.actor, self.actor_module, fsdp_cfg, data, self.ref_config, False, True)
+        else:
             raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
-        data = self._log_prob_meta(
-            data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu
-        )
-        self._load_to_device(self.ref_module, None, rc.fsdp_config)
-        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
-        self._offload(self.ref_module, None, rc.fsdp_config)
-        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
-
-    def _lora_ref_log_prob(self, data: DataProto) -> DataProto:
-        """`ref_log_prob` [b, R] from the LoRA actor with its adapter disabled (= the frozen base
-        model the adapter was put on; with `lora_adapter_path`, the base without that adapter).
-        Micro-batching follows `ref.log_prob_*`."""
-        rc = self.ref_config
-        data = self._log_prob_meta(
-            data, rc.log_prob_micro_batch_size_per_gpu, rc.log_prob_use_dynamic_bsz, rc.log_prob_max_token_len_per_gpu
-        )
-        self._load_to_device(self.actor_module, None, self.actor_config.fsdp_config)
-        with self.actor_module.disable_adapter():
-            log_probs, _ = self.actor.compute_log_prob(data, calculate_entropy=False)
-        self._offload(self.actor_module, None, self.actor_config.fsdp_config)
-        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+        return DataProto.from_dict(tensors={"ref_log_prob": out.outputs["log_probs"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
@@ -591,22 +558,22 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         meta = dict(data.meta_info)
         meta.setdefault("temperature", self.rollout_config.temperature)
         data = DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta)
-        self._load_to_device(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
-        start = time.perf_counter()
-        metrics = self.actor.update_policy(data)
-        elapsed = time.perf_counter() - start
-        lr = self.actor_lr_scheduler.get_last_lr()[0]
-        self.actor_lr_scheduler.step()
-        self._weights_version += 1
-        self._offload(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
+        with self._actor_resident():
+            start = time.perf_counter()
+            out = self.actor.update(data)
+            elapsed = time.perf_counter() - start
+            lr = self.actor_lr_scheduler.get_last_lr()[0]
+            step_lr_scheduler(self.actor_lr_scheduler)
+            self._weights_version += 1
+        metrics = out.metrics
         metrics["actor/lr"] = [lr]
         tokens = float(data.batch["attention_mask"].sum()) * self.actor_config.ppo_epochs
         metrics["perf/actor_update_tokens_per_s"] = [tokens / elapsed if elapsed > 0 else 0.0]
         metrics.update(memory_metrics(self.device_name, "perf/actor_memory"))
-        if data.meta_info.get("use_current_as_old_log_prob", False):
-            tensors = {"old_log_probs": self.actor.last_old_log_probs}
-            if self.actor.last_entropys is not None:
-                tensors["entropys"] = self.actor.last_entropys
+        if out.old_log_probs is not None:  # the use_current_as_old_log_prob shortcut
+            tensors = {"old_log_probs": out.old_log_probs}
+            if out.entropys is not None:
+                tensors["entropys"] = out.entropys
             return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics})
         return DataProto(meta_info={"metrics": metrics})
 
@@ -617,23 +584,21 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         """Save the actor (weights as a Hugging Face directory, optimizer, schedule, RNG)."""
         if self.actor is None:
             raise RuntimeError(f"save_checkpoint needs the actor role; this worker's role is {self.role!r}")
-        self._load_to_device(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
-        self.checkpoint_manager.save_checkpoint(
-            local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep
-        )
-        self._offload(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
+        with self._actor_resident():
+            self.checkpoint_manager.save_checkpoint(
+                local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep
+            )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
         """Restore the actor; a rollout engine with its own copy is re-synced before generating."""
         if self.actor is None:
             raise RuntimeError(f"load_checkpoint needs the actor role; this worker's role is {self.role!r}")
-        self._load_to_device(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
-        meta = self.checkpoint_manager.load_checkpoint(
-            local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load
-        )
-        self._weights_version += 1
-        self._offload(self.actor_module, self.actor_optimizer, self.actor_config.fsdp_config)
+        with self._actor_resident():
+            meta = self.checkpoint_manager.load_checkpoint(
+                local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load
+            )
+            self._weights_version += 1
         return meta
 
 
@@ -672,7 +637,7 @@ class CriticWorker(Worker, _OffloadMixin):
             mc.tokenizer_path or path, trust_remote_code=mc.trust_remote_code, chat_template=mc.custom_chat_template
         )
         fsdp_cfg = self.config.fsdp_config
-        self.critic_module = _build_fsdp_model(
+        self.critic_module = build_fsdp_model(
             build_value_model, path, mc, fsdp_cfg, self.device_name, self.world_size, train=True, lora_task="TOKEN_CLS"
         )
         self.critic_optimizer = build_optimizer(self.critic_module.parameters(), self.config.optim)
@@ -694,6 +659,9 @@ class CriticWorker(Worker, _OffloadMixin):
         )
         self._offload(self.critic_module, self.critic_optimizer, fsdp_cfg)
 
+    def _critic_resident(self):
+        return self._resident(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """`values` [b, R]: V(s) before each response token (0 on padding)."""
@@ -705,39 +673,34 @@ class CriticWorker(Worker, _OffloadMixin):
             max_token_len=cfg.forward_max_token_len_per_gpu,
         )
         data = DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta)
-        self._load_to_device(self.critic_module, None, cfg.fsdp_config)
-        values = self.critic.compute_values(data)
-        self._offload(self.critic_module, None, cfg.fsdp_config)
+        with self._resident(self.critic_module, None, cfg.fsdp_config):
+            values = self.critic.compute_values(data)
         return DataProto.from_dict(tensors={"values": values})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """Value-loss updates; metrics in meta_info. The lr schedule advances once per call."""
-        self._load_to_device(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
-        metrics = self.critic.update_critic(data)
-        lr = self.critic_lr_scheduler.get_last_lr()[0]
-        self.critic_lr_scheduler.step()
-        metrics["critic/lr"] = [lr]
-        metrics.update(memory_metrics(self.device_name, "perf/critic_memory"))
-        self._offload(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
+        with self._critic_resident():
+            metrics = self.critic.update_critic(data)
+            lr = self.critic_lr_scheduler.get_last_lr()[0]
+            step_lr_scheduler(self.critic_lr_scheduler)
+            metrics["critic/lr"] = [lr]
+            metrics.update(memory_metrics(self.device_name, "perf/critic_memory"))
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        self._load_to_device(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
-        self.checkpoint_manager.save_checkpoint(
-            local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep
-        )
-        self._offload(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
+        with self._critic_resident():
+            self.checkpoint_manager.save_checkpoint(
+                local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep
+            )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        self._load_to_device(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
-        meta = self.checkpoint_manager.load_checkpoint(
-            local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load
-        )
-        self._offload(self.critic_module, self.critic_optimizer, self.config.fsdp_config)
-        return meta
+        with self._critic_resident():
+            return self.checkpoint_manager.load_checkpoint(
+                local_path, hdfs_path=hdfs_path, del_local_after_load=del_local_after_load
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -796,7 +759,7 @@ class RewardModelWorker(Worker, _OffloadMixin):
             if not _same_tokenizer(policy_tok, self.rm_tokenizer):
                 input_tokenizer = policy_tok
         fsdp_cfg = self.config.fsdp_config
-        self.rm_module = _build_fsdp_model(
+        self.rm_module = build_fsdp_model(
             build_reward_model, mc.path, mc, fsdp_cfg, self.device_name, self.world_size, train=False
         )
         self.reward_model = DataParallelRewardModel(
@@ -812,7 +775,6 @@ class RewardModelWorker(Worker, _OffloadMixin):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """`rm_scores` [b, R]: the reward model's score at the last valid response token."""
-        self._load_to_device(self.rm_module, None, self.config.fsdp_config)
-        scores = self.reward_model.compute_rm_score(data)
-        self._offload(self.rm_module, None, self.config.fsdp_config)
+        with self._resident(self.rm_module, None, self.config.fsdp_config):
+            scores = self.reward_model.compute_rm_score(data)
         return DataProto.from_dict(tensors={"rm_scores": scores})

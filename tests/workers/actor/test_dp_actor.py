@@ -62,7 +62,7 @@ def test_compute_log_prob_matches_plain_forward(tiny, use_remove_padding, temper
     _, tok, model = tiny
     batch, uid = _data(tok)
     actor, _ = _actor(model)
-    actor.use_remove_padding = use_remove_padding
+    actor.engine.use_remove_padding = use_remove_padding
     data = _proto(batch, uid, micro_batch_size=3, temperature=temperature)
     lp, ent = actor.compute_log_prob(data, calculate_entropy=True)
     ref = reference_log_probs(model, batch, temperature)
@@ -71,14 +71,14 @@ def test_compute_log_prob_matches_plain_forward(tiny, use_remove_padding, temper
     assert torch.all(ent[batch["response_mask"] == 1] > 0)
     if use_remove_padding:
         # compacting removes most padding: 8 rows of 2..12 valid tokens in a 14-wide layout
-        assert actor.last_padding_stats["padding_waste"] < 0.25
+        assert actor.infer(data).padding["padding_waste"] < 0.25
 
 
 def test_logits_are_projected_only_from_the_first_response_predictor(tiny):
     _, tok, model = tiny
     batch, uid = _data(tok)
     actor, m = _actor(model)
-    assert actor._logits_to_keep  # transformers' Llama takes logits_to_keep
+    assert actor.engine.logits_to_keep  # transformers' Llama takes logits_to_keep
     seen = []
     handle = m.lm_head.register_forward_hook(lambda _mod, inp, _out: seen.append(inp[0].shape[1]))
     try:
@@ -87,7 +87,7 @@ def test_logits_are_projected_only_from_the_first_response_predictor(tiny):
         handle.remove()
     widest = int(batch["attention_mask"].sum(-1).max())
     assert seen and seen[0] < widest  # the prompt-only positions were not projected
-    actor._logits_to_keep = False
+    actor.engine.logits_to_keep = False
     full, _ = actor.compute_log_prob(_proto(batch, uid, micro_batch_size=8))
     torch.testing.assert_close(lp, full, atol=1e-5, rtol=0)
 
@@ -97,9 +97,9 @@ def test_dynamic_batch_log_prob_matches_and_restores_order(tiny):
     batch, uid = _data(tok)
     actor, _ = _actor(model)
     data = _proto(batch, uid, use_dynamic_bsz=True, max_token_len=20)
-    lp, _ = actor.compute_log_prob(data)
-    torch.testing.assert_close(lp, reference_log_probs(model, batch), atol=1e-5, rtol=0)
-    assert actor.last_padding_stats["num_micro_batches"] >= 3
+    out = actor.infer(data)
+    torch.testing.assert_close(out.outputs["log_probs"], reference_log_probs(model, batch), atol=1e-5, rtol=0)
+    assert out.padding["num_micro_batches"] >= 3
 
 
 def _reference_step(model, batch, uid, mode, lr=1.0, entropy_coeff=0.0, kl_coef=0.0, ref_lp=None):
@@ -182,9 +182,10 @@ def test_use_current_as_old_log_prob_equals_recomputed_old(tiny):
     b1 = dict(batch, old_log_probs=old)
     metrics1 = a1.update_policy(_proto(b1, uid))
     a2, m2 = _actor(model, ppo_micro_batch_size_per_gpu=4)
-    metrics2 = a2.update_policy(_proto(batch, uid, use_current_as_old_log_prob=True))
+    out2 = a2.update(_proto(batch, uid, use_current_as_old_log_prob=True))
+    metrics2 = out2.metrics
     assert metrics2["actor/ppo_kl"] == [0.0] and metrics2["actor/pg_clipfrac"] == [0.0]
-    torch.testing.assert_close(a2.last_old_log_probs, old, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out2.old_log_probs, old, atol=1e-6, rtol=0)
     for p, q in zip(m1.parameters(), m2.parameters(), strict=False):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
     assert metrics1["actor/pg_loss"][0] == pytest.approx(metrics2["actor/pg_loss"][0], abs=1e-6)

@@ -17,9 +17,9 @@ from conftest import load_tiny_llama
 from test_workers_common import make_batch, reference_log_probs
 
 from verl.protocol import DataProto
-from verl.utils.seqlen_balancing import group_shared_prompts
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config import ActorConfig
+from verl.workers.engine.padding_free import group_shared_prompts
 
 # 4 prompts of different lengths x 4 samples each, responses of 1..6 tokens (grouped rows adjacent)
 GROUP_PROMPTS = ["1+2=", "13+4=", "9=", "100+21="]
@@ -102,8 +102,8 @@ def test_log_probs_and_entropy_equal_the_plain_forward(tiny, temperature, interl
     torch.testing.assert_close(lp_on, reference_log_probs(model, batch, temperature), atol=1e-5, rtol=0)
     assert on.prefix_groups_used > 0 and off.prefix_groups_used == 0
     # one micro-batch: 4 prompts of <= 7 tokens once each, then 16 rows x 5 response inputs ("three"+eos: 6)
-    on.compute_log_prob(_proto(batch, uid, micro_batch_size=16), calculate_entropy=False)
-    assert on.last_padding_stats["token_slots"] == 4 * 7 + 16 * 5
+    padding = on.infer(_proto(batch, uid, micro_batch_size=16), calculate_entropy=False).padding
+    assert padding["token_slots"] == 4 * 7 + 16 * 5
 
 
 def _grads(actor, model, batch, uid):

@@ -34,7 +34,7 @@ def _batch(tok):
     return batch
 
 
-def _critic(model, lr=1e-2, optimizer="adam", **cfg):
+def _critic(model, lr=1e-2, optimizer="adam", use_prefix_grouper=True, **cfg):
     model = copy.deepcopy(model)
     base = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, grad_clip=1e9, cliprange_value=0.5)
     base.update(cfg)
@@ -43,7 +43,7 @@ def _critic(model, lr=1e-2, optimizer="adam", **cfg):
         if optimizer == "sgd"
         else torch.optim.Adam(model.parameters(), lr=lr)
     )
-    return DataParallelPPOCritic(CriticConfig(**base), model, opt), model
+    return DataParallelPPOCritic(CriticConfig(**base), model, opt, use_prefix_grouper=use_prefix_grouper), model
 
 
 def test_value_model_has_one_output_and_no_dropout(value_model):
@@ -139,3 +139,37 @@ def test_dynamic_batch_without_budget_is_named(value_model):
         critic.compute_values(
             DataProto.from_dict(tensors=batch, meta_info={"use_dynamic_bsz": True, "max_token_len": None})
         )
+
+
+def _grouped_batch(tok):
+    """3 prompts x 3 samples (rows sharing a prompt are what the prefix grouper shares)."""
+    prompts = [p for p in ("1+2=", "13+4=", "9=") for _ in range(3)]
+    responses = ["3", "4", "three", "17", "1", "177", "nine", "9", "n"]
+    batch = make_batch(tok, prompts, responses, prompt_len=8, resp_len=6)
+    g = torch.Generator().manual_seed(1)
+    batch["returns"] = torch.randn(batch["responses"].shape, generator=g) * batch["response_mask"]
+    return batch
+
+
+def test_prefix_grouper_values_and_update_equal_the_plain_forward(value_model):
+    tok, model = value_model
+    batch = _grouped_batch(tok)
+    on, m_on = _critic(model, optimizer="sgd", lr=1.0, ppo_mini_batch_size=9, ppo_micro_batch_size_per_gpu=4)
+    off, m_off = _critic(
+        model, optimizer="sgd", lr=1.0, use_prefix_grouper=False, ppo_mini_batch_size=9, ppo_micro_batch_size_per_gpu=4
+    )
+    for micro in (9, 4):
+        data = DataProto.from_dict(tensors=batch, meta_info={"micro_batch_size": micro})
+        v_on, v_off = on.compute_values(data), off.compute_values(data)
+        torch.testing.assert_close(v_on, v_off, atol=2e-6, rtol=0)
+    assert on.engine.prefix_groups_used > 0 and off.engine.prefix_groups_used == 0
+    # the update through the shared prompts: same gradient, so the same SGD step
+    batch["values"] = v_off + 0.1 * batch["response_mask"]
+    used = on.engine.prefix_groups_used
+    m1 = on.update_critic(DataProto.from_dict(tensors=dict(batch)))
+    m2 = off.update_critic(DataProto.from_dict(tensors=dict(batch)))
+    assert on.engine.prefix_groups_used > used
+    for p, q in zip(m_on.parameters(), m_off.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=2e-6, rtol=0)
+    assert m1["critic/vf_loss"][0] == pytest.approx(m2["critic/vf_loss"][0], rel=1e-5)
+    assert not torch.equal(next(m_on.parameters()), next(model.parameters()))  # a step was taken

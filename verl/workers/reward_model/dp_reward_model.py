@@ -20,10 +20,12 @@ import logging
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from verl.utils.fsdp_utils import autocast_context
 from verl.utils.model import compute_position_id_with_mask
-from verl.utils.seqlen_balancing import compact_rows, plan_micro_batches_for_mask
+from verl.workers.engine.dp_engine import DataParallelEngine
+from verl.workers.engine.padding_free import compact_rows
 
 __all__ = ["DataParallelRewardModel", "find_score_head"]
 
@@ -68,6 +70,8 @@ class DataParallelRewardModel:
         self.compute_dtype = compute_dtype
         self.use_remove_padding = use_remove_padding
         self.head = find_score_head(reward_module)
+        # the default process group: the reward model is sharded over the whole worker group
+        self.engine = DataParallelEngine(reward_module, use_remove_padding=use_remove_padding)
 
     @property
     def _device(self) -> torch.device:
@@ -168,23 +172,21 @@ class DataParallelRewardModel:
                 data.batch["position_ids"],
             )
         n = attention_mask.shape[0]
-        # the default process group: the reward model is sharded over the whole worker group
-        groups = plan_micro_batches_for_mask(
-            attention_mask,
+        inputs = TensorDict(
+            {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}, batch_size=[n]
+        )
+
+        def score(micro):
+            scores = self._last_token_scores(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
+            return {"scores": scores}, (0, 0)
+
+        scores = self.engine.infer(
+            inputs,
+            score,
             self.config.micro_batch_size_per_gpu,
             self.config.use_dynamic_bsz,
             self.config.forward_max_token_len_per_gpu,
-            self.use_remove_padding,
-        )
-        scores = torch.zeros(n, dtype=torch.float32)
-        was_training = self.reward_module.training
-        self.reward_module.eval()
-        try:
-            for group in groups:
-                idx = torch.tensor(group, dtype=torch.long)
-                scores[idx] = self._last_token_scores(input_ids[idx], attention_mask[idx], position_ids[idx]).cpu()
-        finally:
-            self.reward_module.train(was_training)
+        ).outputs["scores"]
         resp_mask = (
             data.batch["response_mask"]
             if "response_mask" in data.batch.keys()

@@ -1,0 +1,1 @@
+"""Helpers of the worker engines (upstream path): `losses` holds the loss functions."""
