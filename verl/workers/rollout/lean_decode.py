@@ -13,7 +13,8 @@ the rollout's preallocated per-layer buffers.
 
 It applies only where that equivalence is known to hold (`LlamaDecodeStep.build` returns None
 otherwise and the rollout calls the model as usual): a transformers `LlamaForCausalLM` (the class
-itself), sdpa attention, default rope, `pretraining_tp` 1, plain `nn.Linear` projections (no LoRA
+itself), sdpa attention (transformers' or `verl.utils.model.GROUPED_SDPA`, which is transformers'
+for one query token), default rope, `pretraining_tp` 1, plain `nn.Linear` projections (no LoRA
 wrappers), no forward hooks anywhere (FSDP2 and peft install some), plain tensors as parameters
 (no DTensor), eval mode, and every cache layer one of the rollout's preallocated buffers.
 """
@@ -21,6 +22,8 @@ wrappers), no forward hooks anywhere (FSDP2 and peft install some), plain tensor
 from __future__ import annotations
 
 import torch
+
+from verl.utils.model import GROUPED_SDPA
 
 
 def _has_hooks(module: torch.nn.Module) -> bool:
@@ -56,7 +59,7 @@ class LlamaDecodeStep:
         cfg = model.config
         rope = getattr(cfg, "rope_parameters", None) or {}
         if (
-            getattr(cfg, "_attn_implementation", None) != "sdpa"
+            getattr(cfg, "_attn_implementation", None) not in ("sdpa", GROUPED_SDPA)
             or rope.get("rope_type", "default") != "default"
             or getattr(cfg, "pretraining_tp", 1) != 1
         ):
