@@ -188,6 +188,9 @@ def ours_overrides(shape: dict, model: str, steps: int, run_dir: Path, threads: 
 
 def run_ours(shape, model, steps, run_dir: Path, threads, extra: list[str], repo: str | None = None) -> dict:
     metrics_file = run_dir / "log" / "metrics.jsonl"
+    if repo and Path(model) == EMBEDDED / "model":
+        # the same files from the other checkout: its toy preset applies only to its own assets
+        model = str(Path(repo) / "verl" / "assets" / "embedded_default" / "model")
     cmd = [
         sys.executable,
         "-m",
