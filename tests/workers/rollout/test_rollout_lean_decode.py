@@ -140,3 +140,18 @@ def test_lean_step_only_where_it_is_known_exact(tiny, tmp_path):
         model.eval()
     eager = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
     assert LlamaDecodeStep.build(eager, cache, buffered) is None
+
+
+def test_lean_step_with_the_built_models_default_attention(tiny, monkeypatch):
+    """The workers build models with `GROUPED_SDPA` attention; the lean step applies there too."""
+    from verl.utils.model import GROUPED_SDPA, build_causal_lm
+
+    path, tok, _ = tiny
+    model = build_causal_lm(path).eval()
+    assert model.config._attn_implementation == GROUPED_SDPA
+    steps: list = []
+    ref = _rollout(model, tok, PROMPTS * 2, False, monkeypatch, do_sample=True)
+    out = _rollout(model, tok, PROMPTS * 2, True, monkeypatch, steps=steps, do_sample=True)
+    assert steps
+    assert torch.equal(ref["responses"], out["responses"])
+    assert torch.equal(ref["rollout_log_probs"], out["rollout_log_probs"])
