@@ -176,6 +176,26 @@ class TreeMonitor(threading.Thread):
 # ------------------------------------------------------------------------------------------------
 # our trainer
 # ------------------------------------------------------------------------------------------------
+def _hydra_value(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    return str(value)
+
+
+def preset_overrides(skip: set[str]) -> list[str]:
+    """The embedded toy job's preset (`upstream_keys.EMBEDDED_PRESET`) as overrides, minus `skip`."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from verl.trainer.config.upstream_keys import EMBEDDED_PRESET
+
+    return [f"{k}={_hydra_value(v)}" for k, v in EMBEDDED_PRESET.items() if k not in skip and k != "trainer.logger"]
+
+
 def ours_overrides(shape: dict, model: str, steps: int, run_dir: Path, threads: int | None) -> list[str]:
     out = [
         "algorithm.adv_estimator=grpo",
@@ -194,6 +214,10 @@ def ours_overrides(shape: dict, model: str, steps: int, run_dir: Path, threads: 
     ]
     if shape["full_length"]:
         out.append("actor_rollout_ref.rollout.ignore_eos=True")
+    if shape["model"] != "embedded":
+        # the toy preset applies only to the models shipped in verl/assets: the same settings,
+        # spelled out, for a model built elsewhere (the 30m one)
+        out += preset_overrides({o.split("=", 1)[0] for o in out})
     if threads:
         out.append(f"trainer.torch_threads_per_worker={threads}")
     return out
