@@ -459,7 +459,7 @@ def test_remax_baseline_is_scored_by_the_reward_model_when_there_is_one():
     batch = DataProto.from_dict(
         tensors={"x": torch.zeros(4)}, non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)}
     )
-    out = RayPPOTrainer._remax_baseline(t, batch, gen_in)
+    out = RayPPOTrainer.greedy_baseline(t, batch, gen_in)
     assert out.batch["reward_baselines"].tolist() == [1.0] * 4  # 0.5 on each of the 2 response tokens
 
 

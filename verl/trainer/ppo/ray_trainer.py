@@ -315,7 +315,7 @@ class RayPPOTrainer:
             batch.batch["response_mask"] = compute_response_mask(batch)
         if core_algos.get_adv_estimator_traits(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
             with ctx.timer("gen_max"):
-                batch = self._remax_baseline(batch, gen_in)
+                batch = self.greedy_baseline(batch, gen_in)
         return batch
 
     def _generation_input(self, batch: DataProto, validate: bool) -> DataProto:
@@ -334,8 +334,9 @@ class RayPPOTrainer:
             meta.update(do_sample=vk.do_sample, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k)
         return meta
 
-    def _remax_baseline(self, batch: DataProto, gen_in: DataProto) -> DataProto:
-        """ReMax: the reward of one greedy response per prompt, as `reward_baselines` [B]."""
+    def greedy_baseline(self, batch: DataProto, gen_in: DataProto) -> DataProto:
+        """For estimators registered with `needs_greedy_baseline` (ReMax): the reward of one greedy
+        response per prompt, as `reward_baselines` [B] (each prompt's value on its n rows)."""
         n = self.cfg.rollout.n
         first = gen_in.select_idxs(np.arange(0, len(gen_in), n))
         first.meta_info["do_sample"] = False

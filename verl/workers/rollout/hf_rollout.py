@@ -156,6 +156,18 @@ def _preallocate_cache(cache, capacity: int) -> int:
 
 
 @register_rollout("hf")
+def _next_token(logits, temperature: float, greedy: bool, params: dict, generator=None):
+    """One decoding step's choice. logits: [B, V] fp32. Returns (token ids [B], log-probs [B, V] of
+    the temperature-scaled distribution the sampler draws from; greedy takes the argmax)."""
+    scaled = logits / temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    if greedy:
+        return logits.argmax(dim=-1), logp
+    filtered = filter_logits_top_k_top_p(scaled, params["top_k"], params["top_p"])
+    tok = torch.multinomial(torch.softmax(filtered, dim=-1), num_samples=1, generator=generator).squeeze(-1)
+    return tok, logp
+
+
 class HFRollout(BaseRollout):
     """Rollout on a Hugging Face causal LM.
 
@@ -340,15 +352,7 @@ class HFRollout(BaseRollout):
             # the same decoder step without transformers' per-call overhead, where it applies
             lean = LlamaDecodeStep.build(self.module, cache, _buffered_layer_class())
             for t in range(resp_len):
-                scaled = logits / temperature
-                logp = torch.log_softmax(scaled, dim=-1)
-                if greedy:
-                    tok = logits.argmax(dim=-1)
-                else:
-                    filtered = filter_logits_top_k_top_p(scaled, params["top_k"], params["top_p"])
-                    tok = torch.multinomial(
-                        torch.softmax(filtered, dim=-1), num_samples=1, generator=generator
-                    ).squeeze(-1)
+                tok, logp = _next_token(logits, temperature, greedy, params, generator)
                 tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
                 tokens[active, t] = tok
                 lps[active, t] = torch.where(
