@@ -155,7 +155,6 @@ def _preallocate_cache(cache, capacity: int) -> int:
     return converted
 
 
-@register_rollout("hf")
 def _next_token(logits, temperature: float, greedy: bool, params: dict, generator=None):
     """One decoding step's choice. logits: [B, V] fp32. Returns (token ids [B], log-probs [B, V] of
     the temperature-scaled distribution the sampler draws from; greedy takes the argmax)."""
@@ -168,6 +167,7 @@ def _next_token(logits, temperature: float, greedy: bool, params: dict, generato
     return tok, logp
 
 
+@register_rollout("hf")
 class HFRollout(BaseRollout):
     """Rollout on a Hugging Face causal LM.
 
