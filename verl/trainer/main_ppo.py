@@ -426,8 +426,13 @@ def run_ppo(config: DictConfig | dict, task_runner_class=None) -> dict[str, floa
         v = validate_config(config)  # the embedded paths were filled in: the typed view follows them
     else:
         remember_validated(config, v)  # the same values, interpolations resolved: validated once
-    _prefetch_imports()
+    prefetch = _prefetch_imports()
     started = _init_ray(v.ray_kwargs.ray_init)
+    if prefetch is not None:
+        # the overlap is with ray.init only: a module half-imported by the thread must not be used
+        # here (joining an existing cluster returns at once; `from transformers import X` then raced
+        # the thread's import of transformers' lazy module and failed)
+        prefetch.join()
     t0 = time.time()
     try:
         runner = (task_runner_class or TaskRunner)()
@@ -469,7 +474,8 @@ PREFETCH_ENV = "VERL_PREFETCH_IMPORTS"
 
 
 def _prefetch_imports() -> threading.Thread | None:
-    """Import `PREFETCH_MODULES` in a daemon thread while `ray.init` runs in the main thread.
+    """Import `PREFETCH_MODULES` in a daemon thread while `ray.init` runs in the main thread;
+    the caller joins the thread before anything else uses those modules.
 
     `ray.init` spends most of its ~2-3 s waiting for the processes it spawns (GCS, raylet,
     dashboard), so the ~2 s of CPU-bound imports that follow it run in that time instead. Imports
