@@ -482,6 +482,19 @@ def write_addition_data(staging: Path, task, args) -> tuple[tuple[list, list, li
     return (train, test, sft_train, sft_val), data_paths, sft_paths
 
 
+def sft_record(args, sft_seconds: float, history: list[dict]) -> dict:
+    """The `sft` entry of build_info.json: the warm-up's settings, its wall time and its last losses."""
+    return {
+        "steps": args.sft_steps,
+        "batch_size": args.sft_batch_size,
+        "lr": args.sft_lr,
+        "seconds": round(sft_seconds, 1),
+        "threads": args.threads,
+        "final_train_loss": history[-1]["train/loss"] if history else None,
+        "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
+    }
+
+
 def addition_build_info(
     args, splits: tuple, n_params: int, vocab_size: int, sft_seconds: float, sft_result: dict, metrics: dict
 ) -> dict:
@@ -490,7 +503,6 @@ def addition_build_info(
     import torch
 
     train, test, sft_train, sft_val = splits
-    history = sft_result["history"]
     return {
         "task": {
             "data_source": "verl_toy/addition",
@@ -512,16 +524,7 @@ def addition_build_info(
             "intermediate_size": args.intermediate_size,
             "vocab_size": vocab_size,
         },
-        "sft": {
-            "steps": args.sft_steps,
-            "batch_size": args.sft_batch_size,
-            "lr": args.sft_lr,
-            "seconds": round(sft_seconds, 1),
-            "threads": args.threads,
-            "final_train_loss": history[-1]["train/loss"] if history else None,
-            "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
-            "skipped_steps": sft_result["skipped_steps"],
-        },
+        "sft": sft_record(args, sft_seconds, sft_result["history"]) | {"skipped_steps": sft_result["skipped_steps"]},
         "eval_test_split": metrics,
         "build_args": vars(args) | {"output_dir": None},
         "torch": torch.__version__,
@@ -873,7 +876,6 @@ def main_calculator(argv=None) -> dict:
                 str(staging / "model"), str(data_paths["test"]), str(staging / "tool_config.yaml"), args.seed
             )
         stages.append(_stage_record(stages, vars(args), metrics))
-        history = sft_result["history"]
         init_name = _repo_relative(args.init_from) if args.init_from else ""
         info = {
             "task": {
@@ -890,15 +892,7 @@ def main_calculator(argv=None) -> dict:
                 "vocab_size": len(tokenizer),
                 "init_from": init_name or "random",
             },
-            "sft": {
-                "steps": args.sft_steps,
-                "batch_size": args.sft_batch_size,
-                "lr": args.sft_lr,
-                "seconds": round(sft_seconds, 1),
-                "threads": args.threads,
-                "final_train_loss": history[-1]["train/loss"] if history else None,
-                "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
-            },
+            "sft": sft_record(args, sft_seconds, sft_result["history"]),
             "eval_test_split": metrics,
             "sft_stages": stages,
             "sft_stages_note": (
