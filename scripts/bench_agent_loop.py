@@ -23,7 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=32, help="trajectories")
     p.add_argument("--sleep_ms", type=float, default=50.0)
@@ -33,26 +33,14 @@ def main(argv=None) -> dict:
     p.add_argument(
         "--serial", action="store_true", help="also time the trajectories one after another (measured baseline)"
     )
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
-    import importlib.util
 
-    import numpy as np
-    import torch
-
+def sleepy_tool_config(args):
+    """The rollout config of the benchmark: a `sleepy` function tool (written to a temp dir) that waits
+    `--sleep_ms`, called by a parser that asks for it on every turn, `--calls` + 1 assistant turns."""
     from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
-    from verl.protocol import DataProto
     from verl.workers.config import MultiTurnConfig, RolloutConfig
-    from verl.workers.rollout import HFRollout
-    from verl.workers.rollout.agent_rollout import AgentRollout
-
-    torch.set_num_threads(args.threads)
-    spec = importlib.util.spec_from_file_location("bed", REPO_ROOT / "scripts" / "build_embedded_default.py")
-    bed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bed)
-    tok = bed.build_calculator_tokenizer()
-    model = bed.build_model(tok, 64, 2, 4, 2, 128, 512, seed=0).eval()
-    eos = tok.eos_token_id
 
     @ToolParser.register("bench_always_call")
     class AlwaysCall(ToolParser):
@@ -66,7 +54,7 @@ def main(argv=None) -> dict:
         '    """Sleep, then answer."""\n'
         f"    await asyncio.sleep({args.sleep_ms / 1000.0})\n    return 'ok'\n"
     )
-    cfg = RolloutConfig(
+    return RolloutConfig(
         prompt_length=16,
         response_length=(args.max_tokens + 8) * (args.calls + 1),
         do_sample=False,
@@ -79,33 +67,30 @@ def main(argv=None) -> dict:
         ),
     )
 
-    # every turn is exactly max_tokens long and ends with EOS: make EOS the argmax after max_tokens - 1 tokens
+
+def fixed_length_rollout(model, cfg, turn_tokens: int, eos: int):
+    """An hf rollout whose every turn is exactly `turn_tokens` long and ends with EOS: EOS replaces the
+    last of `turn_tokens` decoded tokens."""
+    from verl.workers.rollout import HFRollout
+
     class FixedLength(HFRollout):
         def generate_token_lists(self, prompt_ids, max_tokens, sampling, eos_ids, pad_id, generator=None):
             outs = super().generate_token_lists(
-                prompt_ids, [min(m, args.max_tokens) for m in max_tokens], sampling, [], pad_id, generator
+                prompt_ids, [min(m, turn_tokens) for m in max_tokens], sampling, [], pad_id, generator
             )
             for o in outs:
                 o.token_ids[-1], o.stop_reason = eos, "eos"
             return outs
 
-    ro = AgentRollout(FixedLength(model, cfg), None, cfg, tok)
-    raw = np.empty(args.n, dtype=object)
-    for i in range(args.n):
-        raw[i] = [{"role": "user", "content": f"{i}"}]
-    data = DataProto.from_dict(
-        tensors={"d": torch.zeros(args.n, 1)},
-        non_tensors={"raw_prompt": raw, "agent_name": np.array(["tool_agent"] * args.n, dtype=object)},
-        meta_info={"eos_token_id": eos, "pad_token_id": tok.pad_token_id},
-    )
-    ro.generate_sequences(data.select_idxs(np.arange(min(4, args.n))))  # warm-up
-    start = time.perf_counter()
-    out = ro.generate_sequences(data)
-    wall = time.perf_counter() - start
+    return FixedLength(model, cfg)
+
+
+def timed_result(args, wall: float, out) -> dict:
+    """The printed summary: the concurrent run's wall time next to its decode time and tool waits."""
     m = out.meta_info["metrics"]
     calls = float(m["agent/tool_calls/mean"])
     gen = float(m["agent/generate_s/mean"])
-    result = {
+    return {
         "n": args.n,
         "sleep_ms": args.sleep_ms,
         "tool_calls_per_trajectory": calls,
@@ -119,6 +104,41 @@ def main(argv=None) -> dict:
         "mean_wait_for_generation_per_trajectory_s": round(gen, 3),
         "tool_latency_mean_s": round(m["agent/tool_latency_s/mean"], 4),
     }
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+
+    import importlib.util
+
+    import numpy as np
+    import torch
+
+    from verl.protocol import DataProto
+    from verl.workers.rollout.agent_rollout import AgentRollout
+
+    torch.set_num_threads(args.threads)
+    spec = importlib.util.spec_from_file_location("bed", REPO_ROOT / "scripts" / "build_embedded_default.py")
+    bed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bed)
+    tok = bed.build_calculator_tokenizer()
+    model = bed.build_model(tok, 64, 2, 4, 2, 128, 512, seed=0).eval()
+    eos = tok.eos_token_id
+    cfg = sleepy_tool_config(args)
+    ro = AgentRollout(fixed_length_rollout(model, cfg, args.max_tokens, eos), None, cfg, tok)
+    raw = np.empty(args.n, dtype=object)
+    for i in range(args.n):
+        raw[i] = [{"role": "user", "content": f"{i}"}]
+    data = DataProto.from_dict(
+        tensors={"d": torch.zeros(args.n, 1)},
+        non_tensors={"raw_prompt": raw, "agent_name": np.array(["tool_agent"] * args.n, dtype=object)},
+        meta_info={"eos_token_id": eos, "pad_token_id": tok.pad_token_id},
+    )
+    ro.generate_sequences(data.select_idxs(np.arange(min(4, args.n))))  # warm-up
+    start = time.perf_counter()
+    out = ro.generate_sequences(data)
+    wall = time.perf_counter() - start
+    result = timed_result(args, wall, out)
     if args.serial:
         start = time.perf_counter()
         for i in range(args.n):

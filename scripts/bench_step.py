@@ -268,26 +268,15 @@ def trl_available() -> bool:
     return importlib.util.find_spec("trl") is not None
 
 
-def trl_child(args) -> None:
-    """Runs inside a fresh process: TRL's GRPOTrainer on the shape's work."""
-    import torch
-
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+def trl_dataset(tok):
+    """The embedded training prompts as a `datasets.Dataset` of prompt text, ground truth and data source."""
     import datasets
     import pandas as pd
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    sys.path.insert(0, str(REPO_ROOT))
-    from verl.utils.reward_score import default_compute_score
-
-    shape = SHAPES[args.shape]
-    tok = AutoTokenizer.from_pretrained(args.model)
-    tok.padding_side = "left"
     df = pd.read_parquet(EMBEDDED / "data" / "train.parquet")
     # the same prompt text our dataset builds (chat template + generation prompt), as plain text
     prompts = [tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True) for p in df["prompt"]]
-    ds = datasets.Dataset.from_dict(
+    return datasets.Dataset.from_dict(
         {
             "prompt": prompts,
             "ground_truth": [r["ground_truth"] for r in df["reward_model"]],
@@ -295,11 +284,13 @@ def trl_child(args) -> None:
         }
     )
 
-    def reward(prompts, completions, ground_truth, data_source, **kw):
-        return [
-            float(default_compute_score(d, c, g))
-            for c, g, d in zip(completions, ground_truth, data_source, strict=False)
-        ]
+
+def grpo_config(args, shape: dict):
+    """TRL's GRPOConfig doing the shape's work with our default job's settings; settings this TRL
+    version does not have are printed and left at TRL's defaults."""
+    import dataclasses
+
+    from trl import GRPOConfig
 
     n_rows = shape["prompts"] * shape["n"]
     wanted = {
@@ -338,13 +329,36 @@ def trl_child(args) -> None:
         "shuffle_dataset": False,
         "generation_kwargs": {"min_new_tokens": shape["response_length"]} if shape["full_length"] else None,
     }
-    import dataclasses
-
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     dropped = sorted(k for k in wanted if k not in fields)
     if dropped:
         print(f"bench_step: GRPOConfig has no {dropped}; left at TRL's defaults", flush=True)
-    config = GRPOConfig(**{k: v for k, v in wanted.items() if k in fields and v is not None})
+    return GRPOConfig(**{k: v for k, v in wanted.items() if k in fields and v is not None})
+
+
+def trl_child(args) -> None:
+    """Runs inside a fresh process: TRL's GRPOTrainer on the shape's work."""
+    import torch
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    sys.path.insert(0, str(REPO_ROOT))
+    from verl.utils.reward_score import default_compute_score
+
+    shape = SHAPES[args.shape]
+    tok = AutoTokenizer.from_pretrained(args.model)
+    tok.padding_side = "left"
+    ds = trl_dataset(tok)
+
+    def reward(prompts, completions, ground_truth, data_source, **kw):
+        return [
+            float(default_compute_score(d, c, g))
+            for c, g, d in zip(completions, ground_truth, data_source, strict=False)
+        ]
+
+    config = grpo_config(args, shape)
     stamps = []
 
     begins = []
@@ -549,7 +563,7 @@ def load_str() -> str:
         return "load ?"
 
 
-def main(argv=None):
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="default,long,30m", help=f"comma list of {sorted(SHAPES)}")
     p.add_argument("--steps", type=int, default=10, help="training steps per run")
@@ -580,7 +594,112 @@ def main(argv=None):
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--run_dir", help=argparse.SUPPRESS)
     p.add_argument("--stamps", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def parse_variants(specs: list[str]) -> tuple[list[tuple[str, list[str]]], dict[str, str | None]]:
+    """`--variant NAME[@DIR]:KEY=VAL,...` values as ([(name, overrides)], {name: checkout dir or None});
+    no value: the one variant 'verl' (this checkout, no overrides)."""
+    variants: list[tuple[str, list[str]]] = []
+    repos: dict[str, str | None] = {}
+    for v in specs:
+        name, _, ov = v.partition(":")
+        name, _, repo = name.partition("@")  # NAME@DIR: another checkout of verl (e.g. the code before a change)
+        repos[name] = repo or None
+        variants.append((name, [o for o in ov.split(",") if o]))
+    if not variants:
+        variants = [("verl", [])]
+    return variants, repos
+
+
+def run_shape_rounds(args, shape_name: str, names: list[str], variants, repos, work: Path) -> dict[str, list[dict]]:
+    """`--rounds` interleaved runs of every variant (and TRL when in `names`) on one shape; prints a
+    line per run and returns each variant's summaries."""
+    shape = SHAPES[shape_name]
+    model = model_path(shape["model"], work)
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in names:
+            run_dir = Path(tempfile.mkdtemp(prefix=f"{shape_name}_{name}_", dir=work))
+            load = load_str()
+            if name == "trl":
+                raw = run_trl(shape_name, model, args.steps, run_dir, args.threads)
+            else:
+                extra = dict(variants)[name]
+                raw = run_ours(shape, model, args.steps, run_dir, args.threads, extra, repos.get(name))
+            s = summarize(raw, args.warmup)
+            s["load"] = load
+            results[name].append(s)
+            print(
+                f"[{shape_name}] round {r} {name}: {s['step_s']:.3f} s/step, start-up {s['startup_s']:.1f} s, "
+                f"shutdown {s['shutdown_s']:.1f} s, peak sum {s['peak_sum_mb']:.0f} MB ({load})",
+                flush=True,
+            )
+    return results
+
+
+def print_shape_table(args, shape_name: str, names: list[str], variants, results: dict, use_trl: bool) -> None:
+    """The medians table of one shape: step time, start-up, shutdown and memory per variant, our phase
+    times, the last run's peak RSS per process, and each variant's step-time ratio to TRL."""
+    shape = SHAPES[shape_name]
+    print(
+        f"\n== {shape_name}: {shape['prompts']} prompts x {shape['n']}, <= {shape['response_length']} tokens"
+        f"{' (full length)' if shape['full_length'] else ''}, model {shape['model']}; "
+        f"medians of {args.rounds} run(s), "
+        f"steps {args.warmup + 1}..{args.steps}"
+    )
+    med = {}
+    for name in names:
+        rs = results[name]
+        m = {
+            k: statistics.median(x[k] for x in rs)
+            for k in ("step_s", "startup_s", "first_step_extra_s", "shutdown_s", "total_s", "peak_sum_mb")
+        }
+        med[name] = m
+        line = (
+            f"  {name:>10}: {m['step_s']:.3f} s/step | start-up {m['startup_s']:.1f} s"
+            f" + first-step warm-up {m['first_step_extra_s']:.1f} s | shutdown {m['shutdown_s']:.1f} s"
+            f" | peak memory sum {m['peak_sum_mb']:.0f} MB"
+        )
+        print(line)
+        if rs[0].get("phases"):
+            ph = {k: statistics.median(x["phases"][k] for x in rs) for k in rs[0]["phases"]}
+            print(
+                "              phases (s): "
+                + ", ".join(f"{k} {v:.3f}" for k, v in ph.items() if v > 0 or k == "driver")
+            )
+        procs = rs[-1]["peak_mb"]
+        top = sorted(procs.items(), key=lambda kv: -kv[1])
+        print("              peak RSS (MB, last run): " + ", ".join(f"{k} {v:.0f}" for k, v in top))
+    if use_trl:
+        for name, _ in variants:
+            print(f"  ratio {name}/trl step time: {med[name]['step_s'] / med['trl']['step_s']:.2f}")
+
+
+def run_startup_rounds(args, work: Path) -> list[dict]:
+    """`--startup`: `--rounds` runs of the default job (2 steps) timed by start-up phase; prints each
+    run and the medians."""
+    runs = []
+    for r in range(args.rounds):
+        run_dir = Path(tempfile.mkdtemp(prefix="startup_", dir=work))
+        load = load_str()
+        runs.append(run_startup(model_path("embedded", work), 2, run_dir, args.threads))
+        rss = runs[-1].pop("driver_rss_mb", {})
+        print(
+            f"[startup] round {r}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()) + f" ({load})",
+            flush=True,
+        )
+        print("          driver RSS (MB) after: " + ", ".join(f"{k} {v}" for k, v in rss.items()), flush=True)
+    med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+    print(
+        "\n== start-up of the default job (2 steps), seconds, medians: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in med.items())
+    )
+    return runs
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args._trl_child:
         return trl_child(args)
     if args._startup_child:
@@ -590,15 +709,7 @@ def main(argv=None):
     for s in shapes:
         if s not in SHAPES:
             raise SystemExit(f"--shapes: unknown shape {s!r}; known: {sorted(SHAPES)}")
-    variants: list[tuple[str, list[str]]] = []
-    repos: dict[str, str | None] = {}
-    for v in args.variant:
-        name, _, ov = v.partition(":")
-        name, _, repo = name.partition("@")  # NAME@DIR: another checkout of verl (e.g. the code before a change)
-        repos[name] = repo or None
-        variants.append((name, [o for o in ov.split(",") if o]))
-    if not variants:
-        variants = [("verl", [])]
+    variants, repos = parse_variants(args.variant)
     use_trl = not args.no_trl and trl_available()
     if not args.no_trl and not use_trl:
         print("TRL is not installed: running our variants only", flush=True)
@@ -606,78 +717,12 @@ def main(argv=None):
     work.mkdir(parents=True, exist_ok=True)
     all_results: dict = {}
     for shape_name in shapes:
-        shape = SHAPES[shape_name]
-        model = model_path(shape["model"], work)
         names = [n for n, _ in variants] + (["trl"] if use_trl else [])
-        results: dict[str, list[dict]] = {n: [] for n in names}
-        for r in range(args.rounds):
-            for name in names:
-                run_dir = Path(tempfile.mkdtemp(prefix=f"{shape_name}_{name}_", dir=work))
-                load = load_str()
-                if name == "trl":
-                    raw = run_trl(shape_name, model, args.steps, run_dir, args.threads)
-                else:
-                    extra = dict(variants)[name]
-                    raw = run_ours(shape, model, args.steps, run_dir, args.threads, extra, repos.get(name))
-                s = summarize(raw, args.warmup)
-                s["load"] = load
-                results[name].append(s)
-                print(
-                    f"[{shape_name}] round {r} {name}: {s['step_s']:.3f} s/step, start-up {s['startup_s']:.1f} s, "
-                    f"shutdown {s['shutdown_s']:.1f} s, peak sum {s['peak_sum_mb']:.0f} MB ({load})",
-                    flush=True,
-                )
+        results = run_shape_rounds(args, shape_name, names, variants, repos, work)
         all_results[shape_name] = results
-        print(
-            f"\n== {shape_name}: {shape['prompts']} prompts x {shape['n']}, <= {shape['response_length']} tokens"
-            f"{' (full length)' if shape['full_length'] else ''}, model {shape['model']}; "
-            f"medians of {args.rounds} run(s), "
-            f"steps {args.warmup + 1}..{args.steps}"
-        )
-        med = {}
-        for name in names:
-            rs = results[name]
-            m = {
-                k: statistics.median(x[k] for x in rs)
-                for k in ("step_s", "startup_s", "first_step_extra_s", "shutdown_s", "total_s", "peak_sum_mb")
-            }
-            med[name] = m
-            line = (
-                f"  {name:>10}: {m['step_s']:.3f} s/step | start-up {m['startup_s']:.1f} s"
-                f" + first-step warm-up {m['first_step_extra_s']:.1f} s | shutdown {m['shutdown_s']:.1f} s"
-                f" | peak memory sum {m['peak_sum_mb']:.0f} MB"
-            )
-            print(line)
-            if rs[0].get("phases"):
-                ph = {k: statistics.median(x["phases"][k] for x in rs) for k in rs[0]["phases"]}
-                print(
-                    "              phases (s): "
-                    + ", ".join(f"{k} {v:.3f}" for k, v in ph.items() if v > 0 or k == "driver")
-                )
-            procs = rs[-1]["peak_mb"]
-            top = sorted(procs.items(), key=lambda kv: -kv[1])
-            print("              peak RSS (MB, last run): " + ", ".join(f"{k} {v:.0f}" for k, v in top))
-        if use_trl:
-            for name, _ in variants:
-                print(f"  ratio {name}/trl step time: {med[name]['step_s'] / med['trl']['step_s']:.2f}")
+        print_shape_table(args, shape_name, names, variants, results, use_trl)
     if args.startup:
-        runs = []
-        for r in range(args.rounds):
-            run_dir = Path(tempfile.mkdtemp(prefix="startup_", dir=work))
-            load = load_str()
-            runs.append(run_startup(model_path("embedded", work), 2, run_dir, args.threads))
-            rss = runs[-1].pop("driver_rss_mb", {})
-            print(
-                f"[startup] round {r}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()) + f" ({load})",
-                flush=True,
-            )
-            print("          driver RSS (MB) after: " + ", ".join(f"{k} {v}" for k, v in rss.items()), flush=True)
-        med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
-        print(
-            "\n== start-up of the default job (2 steps), seconds, medians: "
-            + ", ".join(f"{k} {v:.2f}" for k, v in med.items())
-        )
-        all_results["startup"] = runs
+        all_results["startup"] = run_startup_rounds(args, work)
     if args.json:
         Path(args.json).write_text(json.dumps(all_results, indent=1, default=str))
     return all_results

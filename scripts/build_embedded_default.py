@@ -302,70 +302,41 @@ def run_warmup(
 # ----------------------------------------------------------------------------------------------------
 # 5. evaluation
 # ----------------------------------------------------------------------------------------------------
-def evaluate_model(
-    model_dir: str,
-    test_path: str,
-    n_samples: int,
-    max_new_tokens: int,
-    seed: int,
-    batch_size: int = 512,
-    limit: int | None = None,
-) -> dict:
-    """Greedy accuracy, sampled (temperature 1, no top-k/top-p) mean accuracy and pass@n_samples.
-
-    Prompts are left padded; generation uses the KV cache and stops at eos; a response that hits
-    ``max_new_tokens`` without eos is scored as decoded (it will be wrong for this task).
-    """
-    import pyarrow.parquet as pq
+def generate_left_padded(
+    model, tok, prompt_ids: list[list[int]], do_sample: bool, max_new_tokens: int, batch_size: int
+) -> list[str]:
+    """Continuation texts of `prompt_ids`, `batch_size` prompts at a time, each batch left padded to its
+    longest prompt; sampled at temperature 1 (no top-k/top-p) or greedy; special tokens skipped."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl.utils.dataset.toy_tasks import AdditionTask
-    from verl.utils.reward_score import default_compute_score
+    texts = []
+    for i in range(0, len(prompt_ids), batch_size):
+        chunk = prompt_ids[i : i + batch_size]
+        width = max(map(len, chunk))
+        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for j, p in enumerate(chunk):
+            ids[j, width - len(p) :] = torch.tensor(p)
+            mask[j, width - len(p) :] = 1
+        kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if do_sample else dict(do_sample=False)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                **kwargs,
+            )
+        texts.extend(tok.batch_decode(out[:, width:], skip_special_tokens=True))
+    return texts
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    rows = pq.read_table(test_path).to_pylist()
-    if limit:
-        rows = rows[:limit]
-    prompts = [
-        tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"] for r in rows
-    ]
 
-    def generate(prompt_ids: list[list[int]], do_sample: bool) -> list[str]:
-        texts = []
-        for i in range(0, len(prompt_ids), batch_size):
-            chunk = prompt_ids[i : i + batch_size]
-            width = max(map(len, chunk))
-            ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for j, p in enumerate(chunk):
-                ids[j, width - len(p) :] = torch.tensor(p)
-                mask[j, width - len(p) :] = 1
-            kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if do_sample else dict(do_sample=False)
-            with torch.no_grad():
-                out = model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=tok.pad_token_id,
-                    eos_token_id=tok.eos_token_id,
-                    **kwargs,
-                )
-            texts.extend(tok.batch_decode(out[:, width:], skip_special_tokens=True))
-        return texts
-
-    def score(text: str, row: dict) -> float:
-        return float(
-            default_compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])
-        )
-
-    torch.manual_seed(seed)
-    t0 = time.time()
-    greedy_text = generate(prompts, do_sample=False)
-    greedy = [score(t, r) for t, r in zip(greedy_text, rows, strict=False)]
-    sampled_text = generate([p for p in prompts for _ in range(n_samples)], do_sample=True)
-    sampled = [score(t, rows[i // n_samples]) for i, t in enumerate(sampled_text)]
+def addition_metrics(
+    rows: list[dict], greedy_text: list[str], greedy: list[float], sampled: list[float], n_samples: int
+) -> dict:
+    """The accuracy dict of `evaluate_model` (without `eval_seconds`): `greedy` holds one score per row,
+    `sampled` `n_samples` scores per row (row-major); the carry split uses the rows' `extra_info` a, b."""
     per_prompt = [sampled[i * n_samples : (i + 1) * n_samples] for i in range(len(rows))]
     carry = [AdditionTask.has_carry(r["extra_info"]["a"], r["extra_info"]["b"]) for r in rows]
     careless_greedy = [
@@ -384,8 +355,51 @@ def evaluate_model(
         "greedy_accuracy_with_carry": sum(g for g, c in zip(greedy, carry, strict=False) if c) / n_carry,
         "greedy_careless_rate_with_carry": sum(careless_greedy) / n_carry,
         "fraction_with_carry": sum(carry) / len(rows),
-        "eval_seconds": time.time() - t0,
     }
+
+
+def evaluate_model(
+    model_dir: str,
+    test_path: str,
+    n_samples: int,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int = 512,
+    limit: int | None = None,
+) -> dict:
+    """Greedy accuracy, sampled (temperature 1, no top-k/top-p) mean accuracy and pass@n_samples.
+
+    Prompts are left padded; generation uses the KV cache and stops at eos; a response that hits
+    ``max_new_tokens`` without eos is scored as decoded (it will be wrong for this task).
+    """
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl.utils.reward_score import default_compute_score
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rows = pq.read_table(test_path).to_pylist()
+    if limit:
+        rows = rows[:limit]
+    prompts = [
+        tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"] for r in rows
+    ]
+
+    def score(text: str, row: dict) -> float:
+        return float(
+            default_compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])
+        )
+
+    torch.manual_seed(seed)
+    t0 = time.time()
+    greedy_text = generate_left_padded(model, tok, prompts, False, max_new_tokens, batch_size)
+    greedy = [score(t, r) for t, r in zip(greedy_text, rows, strict=False)]
+    sampled_prompts = [p for p in prompts for _ in range(n_samples)]
+    sampled_text = generate_left_padded(model, tok, sampled_prompts, True, max_new_tokens, batch_size)
+    sampled = [score(t, rows[i // n_samples]) for i, t in enumerate(sampled_text)]
+    return addition_metrics(rows, greedy_text, greedy, sampled, n_samples) | {"eval_seconds": time.time() - t0}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -435,6 +449,88 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def save_addition_init(args, work: Path) -> tuple:
+    """Build the tokenizer and the random-init model and save both to `work`/init; returns
+    (tokenizer, parameter count, init dir)."""
+    tokenizer = build_tokenizer()
+    model = build_model(
+        tokenizer,
+        args.hidden_size,
+        args.num_layers,
+        args.num_heads,
+        args.num_kv_heads,
+        args.intermediate_size,
+        args.max_position_embeddings,
+        args.seed,
+    )
+    n_params = sum(p.numel() for p in model.parameters())
+    init_dir = work / "init"
+    model.save_pretrained(init_dir)
+    save_tokenizer(tokenizer, init_dir)
+    del model
+    return tokenizer, n_params, init_dir
+
+
+def write_addition_data(staging: Path, task, args) -> tuple[tuple[list, list, list, list], dict[str, Path], dict]:
+    """Draw the problem sets and write the RL parquet files (`staging`/data) and the SFT ones
+    (`staging`/sft); returns ((train, test, sft_train, sft_val), RL paths, SFT paths)."""
+    train, test, sft_train, sft_val = draw_problem_sets(task, args, make_addition_splits)
+    data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
+    write_parquet([addition_rl_row(a, b, "train", i) for i, (a, b) in enumerate(train)], data_paths["train"])
+    write_parquet([addition_rl_row(a, b, "test", i) for i, (a, b) in enumerate(test)], data_paths["test"])
+    sft_paths = write_sft_data(staging, task, sft_train, sft_val, args.careless_rate, args.seed)
+    return (train, test, sft_train, sft_val), data_paths, sft_paths
+
+
+def sft_record(args, sft_seconds: float, history: list[dict]) -> dict:
+    """The `sft` entry of build_info.json: the warm-up's settings, its wall time and its last losses."""
+    return {
+        "steps": args.sft_steps,
+        "batch_size": args.sft_batch_size,
+        "lr": args.sft_lr,
+        "seconds": round(sft_seconds, 1),
+        "threads": args.threads,
+        "final_train_loss": history[-1]["train/loss"] if history else None,
+        "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
+    }
+
+
+def addition_build_info(
+    args, splits: tuple, n_params: int, vocab_size: int, sft_seconds: float, sft_result: dict, metrics: dict
+) -> dict:
+    """build_info.json of the addition build, without the sizes and the total build time (known only
+    once the output directory is written)."""
+    import torch
+
+    train, test, sft_train, sft_val = splits
+    return {
+        "task": {
+            "data_source": "verl_toy/addition",
+            "min_digits": args.min_digits,
+            "max_digits": args.max_digits,
+            "n_train": len(train),
+            "n_test": len(test),
+            "n_sft_train": len(sft_train),
+            "n_sft_val": len(sft_val),
+            "careless_rate": args.careless_rate,
+        },
+        "model": {
+            "architecture": "LlamaForCausalLM",
+            "parameters": n_params,
+            "hidden_size": args.hidden_size,
+            "num_layers": args.num_layers,
+            "num_heads": args.num_heads,
+            "num_kv_heads": args.num_kv_heads,
+            "intermediate_size": args.intermediate_size,
+            "vocab_size": vocab_size,
+        },
+        "sft": sft_record(args, sft_seconds, sft_result["history"]) | {"skipped_steps": sft_result["skipped_steps"]},
+        "eval_test_split": metrics,
+        "build_args": vars(args) | {"output_dir": None},
+        "torch": torch.__version__,
+    }
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import tempfile
@@ -449,27 +545,8 @@ def main(argv=None) -> dict:
         work = Path(tmp)
         staging = work / "out"
         # 1-3: tokenizer, random init, data
-        tokenizer = build_tokenizer()
-        model = build_model(
-            tokenizer,
-            args.hidden_size,
-            args.num_layers,
-            args.num_heads,
-            args.num_kv_heads,
-            args.intermediate_size,
-            args.max_position_embeddings,
-            args.seed,
-        )
-        n_params = sum(p.numel() for p in model.parameters())
-        init_dir = work / "init"
-        model.save_pretrained(init_dir)
-        save_tokenizer(tokenizer, init_dir)
-        del model
-        train, test, sft_train, sft_val = draw_problem_sets(task, args, make_addition_splits)
-        data_paths = {"train": staging / "data" / "train.parquet", "test": staging / "data" / "test.parquet"}
-        write_parquet([addition_rl_row(a, b, "train", i) for i, (a, b) in enumerate(train)], data_paths["train"])
-        write_parquet([addition_rl_row(a, b, "test", i) for i, (a, b) in enumerate(test)], data_paths["test"])
-        sft_paths = write_sft_data(staging, task, sft_train, sft_val, args.careless_rate, args.seed)
+        tokenizer, n_params, init_dir = save_addition_init(args, work)
+        splits, data_paths, sft_paths = write_addition_data(staging, task, args)
         # 4: warm-up
         t_sft = time.time()
         final_ckpt, sft_result = run_warmup(init_dir, sft_paths, work, args)
@@ -481,42 +558,7 @@ def main(argv=None) -> dict:
             metrics = evaluate_model(
                 str(staging / "model"), str(data_paths["test"]), args.eval_samples, args.eval_max_new_tokens, args.seed
             )
-        history = sft_result["history"]
-        info = {
-            "task": {
-                "data_source": "verl_toy/addition",
-                "min_digits": args.min_digits,
-                "max_digits": args.max_digits,
-                "n_train": len(train),
-                "n_test": len(test),
-                "n_sft_train": len(sft_train),
-                "n_sft_val": len(sft_val),
-                "careless_rate": args.careless_rate,
-            },
-            "model": {
-                "architecture": "LlamaForCausalLM",
-                "parameters": n_params,
-                "hidden_size": args.hidden_size,
-                "num_layers": args.num_layers,
-                "num_heads": args.num_heads,
-                "num_kv_heads": args.num_kv_heads,
-                "intermediate_size": args.intermediate_size,
-                "vocab_size": len(tokenizer),
-            },
-            "sft": {
-                "steps": args.sft_steps,
-                "batch_size": args.sft_batch_size,
-                "lr": args.sft_lr,
-                "seconds": round(sft_seconds, 1),
-                "threads": args.threads,
-                "final_train_loss": history[-1]["train/loss"] if history else None,
-                "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
-                "skipped_steps": sft_result["skipped_steps"],
-            },
-            "eval_test_split": metrics,
-            "build_args": vars(args) | {"output_dir": None},
-            "torch": torch.__version__,
-        }
+        info = addition_build_info(args, splits, n_params, len(tokenizer), sft_seconds, sft_result, metrics)
         # Replace the output directory only once everything succeeded.
         if out.exists():
             shutil.rmtree(out)
@@ -834,7 +876,6 @@ def main_calculator(argv=None) -> dict:
                 str(staging / "model"), str(data_paths["test"]), str(staging / "tool_config.yaml"), args.seed
             )
         stages.append(_stage_record(stages, vars(args), metrics))
-        history = sft_result["history"]
         init_name = _repo_relative(args.init_from) if args.init_from else ""
         info = {
             "task": {
@@ -851,15 +892,7 @@ def main_calculator(argv=None) -> dict:
                 "vocab_size": len(tokenizer),
                 "init_from": init_name or "random",
             },
-            "sft": {
-                "steps": args.sft_steps,
-                "batch_size": args.sft_batch_size,
-                "lr": args.sft_lr,
-                "seconds": round(sft_seconds, 1),
-                "threads": args.threads,
-                "final_train_loss": history[-1]["train/loss"] if history else None,
-                "final_val_loss": next((h["val/loss"] for h in reversed(history) if "val/loss" in h), None),
-            },
+            "sft": sft_record(args, sft_seconds, sft_result["history"]),
             "eval_test_split": metrics,
             "sft_stages": stages,
             "sft_stages_note": (
