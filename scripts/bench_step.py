@@ -378,25 +378,18 @@ def trl_child(args) -> None:
     Path(args.stamps).write_text(json.dumps({"ends": stamps, "first_begin": begins[0] if begins else None}))
 
 
-def run_trl(shape_name, model, steps, run_dir: Path, threads) -> dict:
-    stamps = run_dir / "stamps.json"
-    cmd = [
-        sys.executable,
-        __file__,
-        "--_trl_child",
-        "--shape",
-        shape_name,
-        "--model",
-        model,
-        "--steps",
-        str(steps),
-        "--run_dir",
-        str(run_dir),
-        "--stamps",
-        str(stamps),
-    ]
+def _child_command(mode: str, shape_name: str, model, steps, run_dir: Path, stamps: Path, threads) -> list[str]:
+    """This script re-run as a child process in `mode` (`--_trl_child` / `--_startup_child`)."""
+    cmd = [sys.executable, __file__, mode, "--shape", shape_name, "--model", str(model), "--steps", str(steps)]
+    cmd += ["--run_dir", str(run_dir), "--stamps", str(stamps)]
     if threads:
         cmd += ["--threads", str(threads)]
+    return cmd
+
+
+def run_trl(shape_name, model, steps, run_dir: Path, threads) -> dict:
+    stamps = run_dir / "stamps.json"
+    cmd = _child_command("--_trl_child", shape_name, model, steps, run_dir, stamps, threads)
     t0 = time.time()
     log = open(run_dir / "stdout.log", "w")
     proc = subprocess.Popen(cmd, cwd=str(run_dir), stdout=log, stderr=subprocess.STDOUT)
@@ -489,23 +482,7 @@ def startup_child(args) -> None:
 
 def run_startup(model, steps, run_dir: Path, threads) -> dict:
     stamps = run_dir / "startup.json"
-    cmd = [
-        sys.executable,
-        __file__,
-        "--_startup_child",
-        "--shape",
-        "default",
-        "--model",
-        model,
-        "--steps",
-        str(steps),
-        "--run_dir",
-        str(run_dir),
-        "--stamps",
-        str(stamps),
-    ]
-    if threads:
-        cmd += ["--threads", str(threads)]
+    cmd = _child_command("--_startup_child", "default", model, steps, run_dir, stamps, threads)
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.time()
     with open(run_dir / "stdout.log", "w") as log:
