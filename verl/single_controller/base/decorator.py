@@ -22,12 +22,25 @@ from collections.abc import Callable
 from functools import partial, wraps
 from typing import Any
 
-from verl.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor
+from verl.dataproto.futures import is_object_ref
+from verl.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor, unpad_dataproto
 from verl.utils.py_functional import DynamicEnum
 
 # Keyword the dispatcher adds to a worker call to say how many padding rows it appended; the
 # worker-group proxy removes it again before the call and strips that many rows from the result.
 _padding_size_key = "_padding_size_key_x123d"
+
+
+def unpad_output(output, pad: int):
+    """A collected result without the `pad` rows the dispatcher appended (see `_padding_size_key`)."""
+    if isinstance(output, DataProto):
+        return unpad_dataproto(output, pad)
+    if isinstance(output, DataProtoFuture):
+        return output.then(partial(unpad_dataproto, pad_size=pad))
+    # Per-rank lists (DP_COMPUTE_METRIC) cannot be unpadded row-wise: the padding rows were
+    # processed by the last ranks and are part of their results.
+    return output
+
 
 __all__ = [
     "MAGIC_ATTR",
@@ -218,13 +231,11 @@ def dispatch_dp_compute_data_proto_with_func(worker_group, *args, **kwargs):
 
 
 def _concat_data_proto_or_future(output: list):
-    import ray
-
     if not output:
         raise ValueError("no worker output to concatenate")
     if all(isinstance(o, DataProto) for o in output):
         return DataProto.concat(output)
-    if all(isinstance(o, ray.ObjectRef) for o in output):
+    if all(is_object_ref(o) for o in output):
         return DataProtoFuture.concat(output)
     kinds = sorted({type(o).__name__ for o in output})
     raise TypeError(f"worker outputs must all be DataProto (or all object refs) to be concatenated, got {kinds}")

@@ -20,7 +20,6 @@ import math
 import os
 import random
 import string
-from functools import partial
 from typing import Any
 
 import ray
@@ -28,9 +27,10 @@ from ray.exceptions import GetTimeoutError
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from verl.protocol import DataProto, DataProtoFuture, unpad_dataproto
-from verl.single_controller.base.decorator import MAGIC_ATTR, _padding_size_key
-from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker, WorkerHelper
+from verl.protocol import DataProto, DataProtoFuture
+from verl.single_controller.base.colocation import colocated_worker_class, unwrap_worker_class
+from verl.single_controller.base.decorator import _padding_size_key, unpad_output
+from verl.single_controller.base.worker import NUM_THREADS_ENV, WorkerHelper
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
 from verl.single_controller.ray.calls import RefLabel as _RefLabel
 from verl.single_controller.ray.calls import WorkerCallError
@@ -63,13 +63,6 @@ def _floor4(x: float) -> float:
     # Ray keeps resource quantities to 4 decimals; rounding down keeps a full set of colocated
     # actors inside one bundle (3 x 0.3333 <= 1).
     return math.floor(x * 10_000) / 10_000
-
-
-def _unwrap_actor_class(cls) -> type:
-    """The user's class behind ``ray.remote(cls)`` (or `cls` itself when it is a plain class)."""
-    if isinstance(cls, ray.actor.ActorClass):
-        return cls.__ray_actor_class__
-    return cls
 
 
 # ----------------------------------------------------------------------------- resource pool
@@ -257,16 +250,6 @@ def _free_port_on_this_node() -> int:
     return WorkerHelper._get_free_port()
 
 
-def _unpad_result(output, pad: int):
-    if isinstance(output, DataProto):
-        return unpad_dataproto(output, pad)
-    if isinstance(output, DataProtoFuture):
-        return output.then(partial(unpad_dataproto, pad_size=pad))
-    # Per-rank lists (DP_COMPUTE_METRIC) cannot be unpadded row-wise: the padding rows were
-    # processed by the last ranks and are part of their results.
-    return output
-
-
 def func_generator(self: RayWorkerGroup, method_name: str, dispatch_fn, collect_fn, execute_fn, blocking: bool):
     """Driver-side proxy of a registered worker method: dispatch -> execute -> (wait) -> collect."""
 
@@ -287,7 +270,7 @@ def func_generator(self: RayWorkerGroup, method_name: str, dispatch_fn, collect_
         if isinstance(output, DataProtoFuture) and output.labels is None:
             output.labels = [labels.get(ref, _RefLabel(f"{method_name} result")) for ref in output.futures]
         if pad:
-            output = _unpad_result(output, pad)
+            output = unpad_output(output, pad)
         return output
 
     proxy.__name__ = method_name
@@ -347,7 +330,7 @@ class RayWorkerGroup(WorkerGroup):
         self.ready_timeout_s = float(
             ready_timeout_s if ready_timeout_s is not None else ray_wait_register_center_timeout
         )
-        self.user_cls = _unwrap_actor_class(ray_cls_with_init.cls) if ray_cls_with_init is not None else None
+        self.user_cls = unwrap_worker_class(ray_cls_with_init.cls) if ray_cls_with_init is not None else None
         self._resource_pool = resource_pool
         if worker_names is not None or worker_handles is not None:
             if resource_pool is not None:
@@ -598,77 +581,26 @@ class RayWorkerGroup(WorkerGroup):
 # ----------------------------------------------------------------------------- colocation
 
 
-def _role_method(role: str, name: str, method):
-    """A WorkerDict method forwarding to ``self.worker_dict[role].name`` with the same registration."""
-    if _is_coroutine(method):
-
-        async def forward(self, *args, **kwargs):
-            return await getattr(self.worker_dict[role], name)(*args, **kwargs)
-
-    else:
-
-        def forward(self, *args, **kwargs):
-            return getattr(self.worker_dict[role], name)(*args, **kwargs)
-
-    forward.__name__ = f"{role}_{name}"
-    forward.__qualname__ = f"WorkerDict.{role}_{name}"
-    setattr(forward, MAGIC_ATTR, getattr(method, MAGIC_ATTR))
-    return forward
-
-
-def _is_coroutine(fn) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(fn)
-
-
-def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
+def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> RayClassWithInitArgs:
     """One actor class hosting several roles, each its own object in the same process.
 
     Role ``key``'s registered method ``m`` becomes ``key_m`` on the combined class; build a
     `RayWorkerGroup` from the result and call ``spawn(prefix_set=class_dict.keys())`` to get one
     group per role with the original method names. Roles share the process, so they can share
-    memory (module state, tensors) with no copies.
+    memory (module state, tensors) with no copies. The actor options of every role
+    (`RayClassWithInitArgs.update_options`) apply to the combined actor.
     """
     if not class_dict:
         raise ValueError("create_colocated_worker_cls needs at least one role")
-    role_classes: dict[str, type] = {}
-    role_init: dict[str, tuple[tuple, dict]] = {}
     for role, cia in class_dict.items():
-        if not isinstance(cia, RayClassWithInitArgs):
+        if not isinstance(cia, ClassWithInitArgs):
             raise TypeError(f"class_dict[{role!r}] must be a RayClassWithInitArgs, got {type(cia).__name__}")
-        role_classes[role] = _unwrap_actor_class(cia.cls)
-        role_init[role] = (cia.args, cia.kwargs)
-
-    def __init__(self):
-        Worker.__init__(self)
-        self.worker_dict = {}
-        for role, user_cls in role_classes.items():
-            args, kwargs = role_init[role]
-            self.worker_dict[role] = user_cls(*args, **kwargs)
-
-    namespace: dict[str, Any] = {
-        "__init__": __init__,
-        "__module__": __name__,
-        "__doc__": f"Colocated roles {sorted(role_classes)} in one process.",
-    }
-    for role, user_cls in role_classes.items():
-        for name in dir(user_cls):
-            try:
-                method = getattr(user_cls, name)
-            except AttributeError:
-                continue
-            if callable(method) and hasattr(method, MAGIC_ATTR):
-                combined_name = f"{role}_{name}"
-                if combined_name in namespace:
-                    raise ValueError(
-                        f"colocated method name {combined_name!r} is produced by two roles; rename a role or a method"
-                    )
-                namespace[combined_name] = _role_method(role, name, method)
-    worker_dict_cls = type("WorkerDict", (Worker,), namespace)
+    worker_dict_cls = colocated_worker_class(
+        {role: (cia.cls, cia.args, cia.kwargs) for role, cia in class_dict.items()}, module=__name__
+    )
     options: dict[str, Any] = {}
     for cia in class_dict.values():
-        options.update(cia._options)
+        options.update(getattr(cia, "_options", {}))
     combined = RayClassWithInitArgs(cls=ray.remote(worker_dict_cls))
     combined.update_options(options)
     return combined
