@@ -238,6 +238,10 @@ GLOSSARY = {
     "algorithm.gdpo_reward_weights": "GDPO: weights of those keys (null: equal)",
     "trainer.cpus_per_worker": "CPU share of one worker process; null: the node's CPUs shared out",
     "trainer.torch_threads_per_worker": "torch intra-op threads of a worker; null: its CPU share, at least 1",
+    "trainer.worker_backend": (
+        "auto | ray | local: local runs a one-worker CPU job's worker inside the driver process (no Ray); "
+        "auto picks it when nothing needs Ray"
+    ),
     "trainer.plot": "write a PNG of reward and validation accuracy at the end",
     "ray_init.runtime_env": "Ray runtime environment of the workers (passed to ray.init; e.g. env_vars)",
     "ray_init.runtime_env.py_executable": "Ray runtime_env py_executable (passed to ray.init when set)",

@@ -6,7 +6,9 @@ second with a message naming the key. Then:
 
 1. the embedded default fills `actor_rollout_ref.model.path`, `data.train_files` and
    `data.val_files` when they are null (a tiny model and a toy task shipped with verl);
-2. Ray starts on loopback (or joins the cluster of `RAY_ADDRESS` / `ray_kwargs.ray_init.address`);
+2. the worker backend is chosen (`trainer.worker_backend`): a one-worker CPU job runs its worker
+   inside this process (`LocalWorkerGroup`, no Ray); otherwise Ray starts on loopback (or joins
+   the cluster of `RAY_ADDRESS` / `ray_kwargs.ray_init.address`);
 3. the trainer builds data, reward managers and worker groups and runs `fit()` in this process
    (the driver is not a Ray actor: on a 2-core machine every process counts).
 """
@@ -310,11 +312,9 @@ class TaskRunner:
     here a plain object in the driver process)."""
 
     def run(self, config: DictConfig) -> dict[str, float]:
-        import ray
-
-        from verl.single_controller.ray import RayWorkerGroup
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
         from verl.trainer.ppo.reward import load_reward_manager
+        from verl.trainer.ppo.worker_groups import resolve_worker_backend
         from verl.utils.fs import copy_to_local
         from verl.utils.tokenizer import hf_processor, hf_tokenizer
         from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
@@ -322,9 +322,12 @@ class TaskRunner:
         v = validated_config(config)  # run_ppo's object when called from it: validated once
         tr = v.trainer
         device = resolve_device(tr.device)
+        backend = resolve_worker_backend(v)
         with open_dict(config):
             config.trainer.device = device
-        v = remember_validated(config, dataclasses.replace(v, trainer=dataclasses.replace(tr, device=device)))
+            config.trainer.worker_backend = backend
+        tr = dataclasses.replace(tr, device=device, worker_backend=backend)
+        v = remember_validated(config, dataclasses.replace(v, trainer=tr))
 
         local_path = copy_to_local(config.actor_rollout_ref.model.path)
         tok_path = v.data.tokenizer or v.model.tokenizer_path or local_path
@@ -332,19 +335,29 @@ class TaskRunner:
         tokenizer = hf_tokenizer(tok_path, trust_remote_code=trust, chat_template=v.model.custom_chat_template)
         processor = hf_processor(tok_path, trust_remote_code=trust)
 
-        mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker)}
+        if backend == "local":
+            from verl.single_controller.local import LocalWorkerGroup as worker_group_cls
+
+            as_worker = _plain_class
+        else:
+            import ray
+
+            from verl.single_controller.ray import RayWorkerGroup as worker_group_cls
+
+            as_worker = ray.remote
+        mapping = {Role.ActorRollout: as_worker(ActorRolloutRefWorker)}
         if v.use_critic:
-            mapping[Role.Critic] = ray.remote(CriticWorker)
+            mapping[Role.Critic] = as_worker(CriticWorker)
         if v.use_reference_policy and not reference_in_actor(config):  # LoRA: the actor computes the reference
-            mapping[Role.RefPolicy] = ray.remote(ActorRolloutRefWorker)
+            mapping[Role.RefPolicy] = as_worker(ActorRolloutRefWorker)
         if v.use_rm:
-            mapping[Role.RewardModel] = ray.remote(RewardModelWorker)
+            mapping[Role.RewardModel] = as_worker(RewardModelWorker)
         pool_spec, role_pool = resource_pool_layout(tr.nnodes, tr.n_gpus_per_node, tr.role_pools, mapping)
         resource_pool_manager = ResourcePoolManager(
             resource_pool_spec=pool_spec,
             mapping=role_pool,
             use_gpu=device == "cuda",
-            num_cpus_per_worker=_cpus_per_worker(config, pool_spec, device),
+            num_cpus_per_worker=_cpus_per_worker(config, pool_spec, device, backend),
         )
 
         reward_kwargs = dict(v.reward_model.reward_kwargs or {})
@@ -357,7 +370,7 @@ class TaskRunner:
             processor=processor,
             role_worker_mapping=mapping,
             resource_pool_manager=resource_pool_manager,
-            ray_worker_group_cls=RayWorkerGroup,
+            ray_worker_group_cls=worker_group_cls,
             reward_fn=reward_fn,
             val_reward_fn=val_reward_fn,
             device_name=device,
@@ -373,7 +386,14 @@ class TaskRunner:
                     close()
             timeline = config.ray_kwargs.get("timeline_json_file")
             if timeline:
+                import ray
+
                 ray.timeline(filename=timeline)
+
+
+def _plain_class(cls: type) -> type:
+    # the in-process backend instantiates the worker class itself: no Ray actor class
+    return cls
 
 
 def resource_pool_layout(
@@ -395,17 +415,24 @@ def resource_pool_layout(
     return spec, pools
 
 
-def _cpus_per_worker(config: DictConfig, pool_spec: dict[str, list[int]], device: str) -> float | None:
+def _cpus_per_worker(
+    config: DictConfig, pool_spec: dict[str, list[int]], device: str, backend: str = "ray"
+) -> float | None:
     """`trainer.cpus_per_worker`, else on CPU: this node's CPUs shared out over the worker
-    processes placed on it (fractional shares are fine: the driver computes between worker calls)."""
+    processes placed on it (fractional shares are fine: the driver computes between worker calls).
+    In-process (`backend="local"`) the node's CPUs are `ray_kwargs.ray_init.num_cpus` or all of
+    them, as the private Ray would count them."""
     value = config.trainer.get("cpus_per_worker")
     if value is not None:
         return float(value)
     if device == "cuda":
         return None
-    import ray
+    if backend == "local":
+        node_cpus = float(config.ray_kwargs.ray_init.get("num_cpus") or os.cpu_count() or 1)
+    else:
+        import ray
 
-    node_cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1) / max(int(config.trainer.nnodes), 1)
+        node_cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1) / max(int(config.trainer.nnodes), 1)
     procs_per_node = sum(max(p) for p in pool_spec.values())
     return max(int(node_cpus * 100 / procs_per_node) / 100, 0.01)
 
@@ -426,8 +453,16 @@ def run_ppo(config: DictConfig | dict, task_runner_class=None) -> dict[str, floa
         v = validate_config(config)  # the embedded paths were filled in: the typed view follows them
     else:
         remember_validated(config, v)  # the same values, interpolations resolved: validated once
-    prefetch = _prefetch_imports()
-    started = _init_ray(v.ray_kwargs.ray_init)
+    from verl.trainer.ppo.worker_groups import resolve_worker_backend
+
+    backend = resolve_worker_backend(v)
+    with open_dict(config):
+        config.trainer.worker_backend = backend
+    v = remember_validated(
+        config, dataclasses.replace(v, trainer=dataclasses.replace(v.trainer, worker_backend=backend))
+    )
+    prefetch = _prefetch_imports() if backend == "ray" else None
+    started = _init_ray(v.ray_kwargs.ray_init) if backend == "ray" else False
     if prefetch is not None:
         # the overlap is with ray.init only: a module half-imported by the thread must not be used
         # here (joining an existing cluster returns at once; `from transformers import X` then raced

@@ -10,6 +10,7 @@ from verl.base_config import BaseConfig, check_choice, check_range
 LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cuda", "cpu")
+WORKER_BACKENDS = ("auto", "ray", "local")
 
 
 @dataclass
@@ -33,6 +34,13 @@ class TrainerConfig(BaseConfig):
     - `callbacks`: `file.py:Class` / `module:Class` of `TrainerCallback`s (hooks on the loop).
     - `role_pools`: give a role its own resource pool instead of sharing the actor's processes,
       e.g. `{critic: [1]}` (processes per node); roles: critic, ref, rm.
+    - `worker_backend`: where the workers run. `ray`: Ray actors (one process per worker, any
+      number of machines and GPUs). `local`: the one worker of a one-process CPU job inside the
+      driver process (same worker classes and dispatch, no Ray started: seconds less start-up
+      and ~1 GB less memory). `auto`: `local` when the job is one CPU worker (`nnodes=1`,
+      `n_gpus_per_node=1`, no `role_pools`) and nothing asks for Ray (no cluster address, no
+      `ray_kwargs.ray_init.runtime_env` entries, no timeline, Ray not already started in this
+      process), else `ray`.
     - `nnodes`: machines of the Ray cluster used by the run.
     - `total_epochs`: passes over the training data (unless `total_training_steps` stops earlier).
     - `project_name` / `experiment_name`: names for the loggers and the default directories.
@@ -61,6 +69,7 @@ class TrainerConfig(BaseConfig):
     n_gpus_per_node: int = 1
     cpus_per_worker: float | None = None
     torch_threads_per_worker: int | None = None
+    worker_backend: str = "auto"
     total_epochs: int = 2
     total_training_steps: int | None = None
     time_budget_s: float | None = None
@@ -93,6 +102,7 @@ class TrainerConfig(BaseConfig):
         owner = "trainer"
         check_choice(owner, "device", self.device, DEVICES)
         check_choice(owner, "resume_mode", self.resume_mode, RESUME_MODES)
+        check_choice(owner, "worker_backend", self.worker_backend, WORKER_BACKENDS)
         check_range(owner, "nnodes", self.nnodes, low=1)
         check_range(owner, "n_gpus_per_node", self.n_gpus_per_node, low=1)
         check_range(owner, "cpus_per_worker", self.cpus_per_worker, low=0.0, low_open=True, allow_none=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +31,15 @@ class ResourcePoolManager:
     num_cpus_per_worker: float | None = None
     resource_pool_dict: dict[str, Any] = field(default_factory=dict)
 
-    def create_resource_pool(self) -> None:
+    def create_resource_pool(self, in_process: bool = False) -> None:
+        """One pool per `resource_pool_spec` entry: Ray placement groups, or (`in_process`, for
+        `LocalWorkerGroup`) plain one-slot pools that reserve nothing."""
+        if in_process:
+            from verl.single_controller.base import ResourcePool
+
+            for name, process_on_nodes in self.resource_pool_spec.items():
+                self.resource_pool_dict[name] = ResourcePool(list(process_on_nodes), max_colocate_count=1)
+            return
         from verl.single_controller.ray import RayResourcePool
 
         run_id = uuid.uuid4().hex[:6]  # placement-group names are cluster-wide: one Ray may host several runs
@@ -47,7 +56,9 @@ class ResourcePoolManager:
     def release(self) -> None:
         """Give every pool's reservation back to Ray (its actors are killed)."""
         for pool in self.resource_pool_dict.values():
-            pool.release()
+            release = getattr(pool, "release", None)  # an in-process pool holds nothing
+            if release is not None:
+                release()
         self.resource_pool_dict.clear()
 
     def get_resource_pool(self, role: Role):
@@ -96,19 +107,28 @@ def spawn_worker_groups(
     num_threads_per_worker: int | None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """Create `pools`' resource pools and, per pool, one worker group whose processes hold every
-    role mapped to it (`create_colocated_worker_cls`).
+    role mapped to it (`create_colocated_worker_cls`). A worker-group class with `in_process =
+    True` (`LocalWorkerGroup`) gets plain pools and plain classes: nothing imports Ray.
 
     `roles`: (role, name, worker init kwargs) for each role this run uses. `env` is set while the
     groups are created (the controller forwards the driver's `VERL_*` variables to the workers).
     Returns (the worker groups, name -> that role's worker group view); models are not built yet.
     """
-    from verl.single_controller.ray import RayClassWithInitArgs
-    from verl.single_controller.ray.base import create_colocated_worker_cls
+    if getattr(ray_worker_group_cls, "in_process", False):
+        from verl.single_controller.base.worker_group import ClassWithInitArgs as with_init
+        from verl.single_controller.local import create_local_colocated_worker_cls as colocate
 
-    pools.create_resource_pool()
+        pools.create_resource_pool(in_process=True)
+        if num_threads_per_worker is None:  # what a Ray worker of the same CPU share would use
+            num_threads_per_worker = max(1, int(pools.num_cpus_per_worker or 1))
+    else:
+        from verl.single_controller.ray import RayClassWithInitArgs as with_init
+        from verl.single_controller.ray.base import create_colocated_worker_cls as colocate
+
+        pools.create_resource_pool()
     pool_to_cls: dict[Any, dict[str, Any]] = {p: {} for p in pools.resource_pool_dict.values()}
     for which, name, init in roles:
-        cls = RayClassWithInitArgs(cls=role_worker_mapping[which], **init)
+        cls = with_init(cls=role_worker_mapping[which], **init)
         pool_to_cls[pools.get_resource_pool(which)][name] = cls
     groups: list[Any] = []
     by_name: dict[str, Any] = {}
@@ -118,9 +138,47 @@ def spawn_worker_groups(
                 continue
             group = ray_worker_group_cls(
                 resource_pool=pool,
-                ray_cls_with_init=create_colocated_worker_cls(class_dict=class_dict),
+                ray_cls_with_init=colocate(class_dict=class_dict),
                 num_threads_per_worker=num_threads_per_worker,
             )
             groups.append(group)
             by_name.update(group.spawn(prefix_set=class_dict.keys()))
     return groups, by_name
+
+
+def resolve_worker_backend(v) -> str:
+    """`trainer.worker_backend` of the validated config `v` as `ray` or `local` (`auto` decided as
+    `TrainerConfig` documents). An explicit `local` that cannot hold the job raises ValueError
+    naming what needs Ray."""
+    from verl.trainer.ppo.utils import resolve_device
+
+    tr, ray_init = v.trainer, dict(v.ray_kwargs.ray_init or {})
+    needs_ray = []
+    device = resolve_device(tr.device)
+    if device != "cpu":
+        needs_ray.append(f"trainer.device={tr.device} ({device})")
+    if tr.nnodes != 1 or tr.n_gpus_per_node != 1:
+        needs_ray.append(f"trainer.nnodes={tr.nnodes} x trainer.n_gpus_per_node={tr.n_gpus_per_node} workers")
+    if tr.role_pools:
+        needs_ray.append(f"trainer.role_pools={dict(tr.role_pools)}")
+    address = ray_init.get("address") or os.environ.get("RAY_ADDRESS")
+    if address:
+        needs_ray.append(f"a Ray cluster address ({address})")
+    runtime_env = {k: x for k, x in dict(ray_init.get("runtime_env") or {}).items() if x is not None}
+    if runtime_env:
+        needs_ray.append(f"ray_kwargs.ray_init.runtime_env={runtime_env}")
+    if v.ray_kwargs.timeline_json_file:
+        needs_ray.append("ray_kwargs.timeline_json_file")
+    if tr.worker_backend == "local":
+        if needs_ray:
+            raise ValueError(
+                "trainer.worker_backend=local runs one CPU worker inside the driver process, but the job needs Ray: "
+                f"{'; '.join(needs_ray)}. Use trainer.worker_backend=ray (or auto)"
+            )
+        return "local"
+    if tr.worker_backend == "ray":
+        return "ray"
+    ray = sys.modules.get("ray")  # a Ray this process started already is used, not bypassed
+    if needs_ray or (ray is not None and ray.is_initialized()):
+        return "ray"
+    return "local"
