@@ -472,3 +472,47 @@ def test_trainer_seed_reaches_the_workers_sampling(assets, tmp_path, ray_session
             outputs.append([json.loads(line)["output"] for line in fh])
     assert len(outputs[0]) == len(outputs[1]) > 0
     assert outputs[0] != outputs[1]
+
+
+# metrics whose last bits differ between two runs of the same code on either backend (the order
+# of a reduction over threads); everything else must be equal
+NOISY = ("grad_norm", "rollout_mismatch/")
+MACHINE = ("timing", "time", "throughput", "perf/", "memory", "rss")
+
+
+def _same_numbers(a: dict[int, dict], b: dict[int, dict]) -> list[str]:
+    diffs = []
+    assert sorted(a) == sorted(b)
+    for step in a:
+        assert sorted(a[step]) == sorted(b[step]), step
+        for key, x in a[step].items():
+            y = b[step][key]
+            if any(m in key for m in MACHINE) or x == y:
+                continue
+            if any(n in key for n in NOISY) and math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6):
+                continue
+            diffs.append(f"step {step} {key}: ray {x} local {y}")
+    return diffs
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.adv_estimator=grpo"],
+        # critic and a separate reference worker colocated with the actor in one worker
+        ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=True"],
+    ],
+    ids=["grpo", "gae_critic_ref"],
+)
+def test_in_process_worker_gives_the_ray_workers_numbers(ray_session, assets, tmp_path, overrides):
+    import torch
+    import torch.distributed as dist
+
+    threads = torch.get_num_threads()
+    _, ray_metrics = run(assets, str(tmp_path / "ray"), *overrides, "trainer.worker_backend=ray")
+    _, local_metrics = run(assets, str(tmp_path / "local"), *overrides, "trainer.worker_backend=local")
+    assert _same_numbers(ray_metrics, local_metrics) == []
+    assert "critic/vf_loss" in local_metrics[1] or overrides[0].endswith("grpo")
+    # the host process is left as it was: no process group, its thread count, no rank variables
+    assert not dist.is_initialized() and "RANK" not in os.environ
+    torch.set_num_threads(threads)
