@@ -504,7 +504,7 @@ def _shutdown_ray() -> None:
 # Third-party modules the driver imports after Ray is up (tokenizer, processor, parquet reader).
 # They never import verl, so importing them in a second thread cannot deadlock on a module lock
 # with the main thread; the main thread's own imports of them then find them done (or wait).
-PREFETCH_MODULES = ("transformers", "pyarrow.parquet", "pyarrow.dataset", "pandas")
+PREFETCH_MODULES = ("transformers", "pyarrow.parquet")
 PREFETCH_ENV = "VERL_PREFETCH_IMPORTS"
 
 
