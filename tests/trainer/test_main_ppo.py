@@ -170,23 +170,26 @@ def _run_cli(args: list[str], tmp_path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_cli_run_exits_zero_after_the_fast_exit(tmp_path):
-    proc = _run_cli(SMALL_RUN, tmp_path)
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_cli_run_exits_zero_after_the_fast_exit(tmp_path, backend):
+    proc = _run_cli([*SMALL_RUN, f"trainer.worker_backend={backend}"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) >= 1 and '"step": 1' in lines[-1]
 
 
 @pytest.mark.slow
-def test_cli_error_after_ray_started_exits_one_with_its_traceback(tmp_path):
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_cli_error_after_the_workers_started_exits_one_with_its_traceback(tmp_path, backend):
     # the training file exists (the config check passes) but is no parquet: reading it fails after
-    # Ray started, and the normal exit path (Hydra's report, exit code 1) runs, not the fast exit
+    # Ray (or the in-process worker backend) started, and the normal exit path (Hydra's report,
+    # exit code 1) runs, not the fast exit
     bad = tmp_path / "not_parquet.parquet"
     bad.write_text("this is not a parquet file\n")
-    proc = _run_cli([*SMALL_RUN, f"data.train_files={bad}"], tmp_path)
+    proc = _run_cli([*SMALL_RUN, f"data.train_files={bad}", f"trainer.worker_backend={backend}"], tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Error executing job" in proc.stderr and "not_parquet.parquet" in proc.stderr
-    assert "ray_trainer.py" in proc.stderr  # raised by the trainer, after Ray started
+    assert "ray_trainer.py" in proc.stderr  # raised by the trainer, after the backend started
     assert not (tmp_path / "log" / "metrics.jsonl").exists()
 
 
