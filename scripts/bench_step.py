@@ -20,10 +20,12 @@ Measured per run:
   old_log_prob, ref, values, adv, update_actor, update_critic; `driver` is the step minus the
   worker calls gen/old_log_prob/ref/values/update_*, i.e. reward, advantage and all serial driver
   work);
-- start-up: launch to the start of the first step (imports, Ray, workers, model load); the first
+- start-up: launch to the start of the first step (imports, Ray if used, workers, model load); the first
   step's warm-up (its time minus the steady step) separately; shutdown: last step to process exit;
 - peak resident memory (RSS, sampled every 0.1 s) of every process of the run's process tree
-  (the driver, Ray's daemons, the workers), and their sum.
+  (the driver, and with Ray workers Ray's daemons and the worker processes), and their sum.
+  The default job runs its worker inside the driver (`trainer.worker_backend=auto` -> local);
+  `--variant ray:trainer.worker_backend=ray` measures the same job on Ray workers.
 
 Usage:
     python scripts/bench_step.py                                  # all shapes, ours (+ TRL if installed)
@@ -427,10 +429,8 @@ def startup_child(args) -> None:
     marks: dict[str, float] = {"python_start": time.time() - t_proc}
     t = time.time()
     sys.path.insert(0, str(REPO_ROOT))
-    import ray
-
     import verl.trainer.main_ppo as main_ppo
-    from verl.single_controller.ray import RayWorkerGroup
+    from verl.trainer.ppo import ray_trainer, worker_groups
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     marks["imports"] = time.time() - t
@@ -451,12 +451,16 @@ def startup_child(args) -> None:
 
         setattr(obj, name, wrapper)
 
-    timed(ray, "init", "ray_init")
-    timed(RayWorkerGroup, "__init__", "worker_processes")
+    # the trainer's own steps, whatever the worker backend (a local job starts no Ray: 0 s there)
+    timed(main_ppo, "_init_ray", "ray_init")
+    timed(ray_trainer, "spawn_worker_groups", "worker_processes")
     timed(RayPPOTrainer, "init_workers", "init_workers")
     timed(RayPPOTrainer, "train_step", "first_train_step", once=True)
     timed(RayPPOTrainer, "collect_batch", "first_collect", once=True)
-    timed(ray, "shutdown", "ray_shutdown")
+    timed(main_ppo, "_shutdown_ray", "ray_shutdown")
+    resolve = worker_groups.resolve_worker_backend
+    backend: list[str] = []
+    worker_groups.resolve_worker_backend = lambda v: backend.append(resolve(v)) or backend[-1]
     shape = SHAPES[args.shape]
     run_dir = Path(args.run_dir)
     cfg = main_ppo.load_default_config(ours_overrides(shape, args.model, args.steps, run_dir, args.threads))
@@ -473,6 +477,7 @@ def startup_child(args) -> None:
 
     rss_mb["peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     marks["driver_rss_mb"] = {k: round(v) for k, v in rss_mb.items()}
+    marks["worker_backend"] = backend[-1] if backend else "?"
     marks["python_exit_at"] = time.time()
     Path(args.stamps).write_text(json.dumps(marks))
     exit_now = getattr(main_ppo, "exit_now", None)  # the exit of `python -m verl.trainer.main_ppo`
@@ -662,8 +667,11 @@ def run_startup_rounds(args, work: Path) -> list[dict]:
         load = load_str()
         runs.append(run_startup(model_path("embedded", work), 2, run_dir, args.threads))
         rss = runs[-1].pop("driver_rss_mb", {})
+        backend = runs[-1].pop("worker_backend", "?")
         print(
-            f"[startup] round {r}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()) + f" ({load})",
+            f"[startup] round {r} ({backend} workers): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items())
+            + f" ({load})",
             flush=True,
         )
         print("          driver RSS (MB) after: " + ", ".join(f"{k} {v}" for k, v in rss.items()), flush=True)
