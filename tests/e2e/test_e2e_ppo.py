@@ -508,11 +508,14 @@ def test_in_process_worker_gives_the_ray_workers_numbers(ray_session, assets, tm
     import torch
     import torch.distributed as dist
 
-    threads = torch.get_num_threads()
+    threads, env_before = torch.get_num_threads(), dict(os.environ)
     _, ray_metrics = run(assets, str(tmp_path / "ray"), *overrides, "trainer.worker_backend=ray")
     _, local_metrics = run(assets, str(tmp_path / "local"), *overrides, "trainer.worker_backend=local")
     assert _same_numbers(ray_metrics, local_metrics) == []
     assert "critic/vf_loss" in local_metrics[1] or overrides[0].endswith("grpo")
-    # the host process is left as it was: no process group, its thread count, no rank variables
-    assert not dist.is_initialized() and "RANK" not in os.environ
+    # the host process is left as it was: no process group, its environment (no rank variables)
+    assert not dist.is_initialized()
+    assert {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"} == {
+        k: v for k, v in env_before.items() if k != "PYTEST_CURRENT_TEST"
+    }
     torch.set_num_threads(threads)

@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["DynamicEnum", "append_to_dict", "config_get", "union_two_dict"]
+__all__ = ["DynamicEnum", "append_to_dict", "config_get", "env_override", "union_two_dict"]
+
+
+@contextmanager
+def env_override(env: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore them (a variable
+    that was unset is removed again)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def config_get(config: Any, key: str, default: Any = None) -> Any:

@@ -161,3 +161,11 @@ class WorkerGroup:
             bound.append(name)
         self._bound_methods = bound
         return bound
+
+    def _expose_role(self, role: str) -> None:
+        """For a group over colocated workers: the proxies of `role` (bound as ``<role>_<name>``)
+        also under their own names, so the group looks like one of that role alone."""
+        head = f"{role}_"
+        for method_name in list(self._bound_methods):
+            if method_name.startswith(head):
+                setattr(self, method_name[len(head) :], getattr(self, method_name))

@@ -47,6 +47,7 @@ from verl.single_controller.base.colocation import colocated_worker_class, unwra
 from verl.single_controller.base.decorator import _padding_size_key, unpad_output
 from verl.single_controller.base.worker import NUM_THREADS_ENV, WorkerHelper
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
+from verl.utils.py_functional import env_override
 
 logger = logging.getLogger(__name__)
 
@@ -114,17 +115,8 @@ class _InProcessWorker:
     @contextmanager
     def active(self) -> Iterator[None]:
         """The worker's environment variables and random generators, for one call."""
-        outside = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-        try:
-            with self.rngs.active():
-                yield
-        finally:
-            for key, value in outside.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        with env_override(self.env), self.rngs.active():
+            yield
 
     def label(self, method_name: str) -> str:
         return f"{self.cls_name}.{method_name} on rank 0 (in-process)"
@@ -289,10 +281,7 @@ class LocalWorkerGroup(WorkerGroup):
             group = LocalWorkerGroup(
                 ray_cls_with_init=self.ray_cls_with_init, name_prefix=self.name_prefix, _shared=self._shared
             )
-            head = f"{prefix}_"
-            for method_name in list(group._bound_methods):
-                if method_name.startswith(head):
-                    setattr(group, method_name[len(head) :], getattr(group, method_name))
+            group._expose_role(prefix)
             groups[prefix] = group
         return groups
 

@@ -486,10 +486,7 @@ class RayWorkerGroup(WorkerGroup):
                 call_timeout_s=self.call_timeout_s,
             )
             group._master_addr, group._master_port = self._master_addr, self._master_port
-            head = f"{prefix}_"
-            for method_name in list(group._bound_methods):
-                if method_name.startswith(head):
-                    setattr(group, method_name[len(head) :], getattr(group, method_name))
+            group._expose_role(prefix)
             groups[prefix] = group
         return groups
 

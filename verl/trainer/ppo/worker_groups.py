@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from verl.utils.py_functional import env_override
 
 if TYPE_CHECKING:
     from verl.trainer.ppo.utils import Role
@@ -66,21 +66,6 @@ class ResourcePoolManager:
 
     def get_n_gpus(self) -> int:
         return sum(sum(v) for v in self.resource_pool_spec.values())
-
-
-@contextmanager
-def env_override(env: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for the duration of the block, then restore them."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def worker_env(config, device_name: str) -> dict[str, str]:
