@@ -118,6 +118,8 @@ class TreeMonitor(threading.Thread):
         exe = os.path.basename(cmd[0]) if cmd else ""
         if exe in ("raylet", "gcs_server"):  # the raylet's arguments name default_worker.py
             return exe
+        if "verl.trainer.main_ppo" in text:  # our driver (and, with local workers, the worker too)
+            return "driver"
         for key in (
             "WorkerDict",
             "IDLE",
