@@ -297,9 +297,11 @@ def comparable(step_metrics: dict) -> dict:
     return {k: v for k, v in step_metrics.items() if not k.startswith(skip) and "timing" not in k}
 
 
-def test_resume_is_exact_across_an_epoch_boundary(ray_session, assets, tmp_path):
+@pytest.mark.parametrize("backend", ["ray", "local"])
+def test_resume_is_exact_across_an_epoch_boundary(ray_session, assets, tmp_path, backend):
     # 8 prompts, 4 per step: an epoch is 2 steps; the interrupted run stops at the epoch boundary
     common = (
+        f"trainer.worker_backend={backend}",
         "algorithm.adv_estimator=grpo",
         "trainer.test_freq=-1",
         "trainer.val_before_train=False",
