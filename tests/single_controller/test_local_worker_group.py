@@ -64,6 +64,15 @@ class Counter(Worker):
         return self.buffer[:2]  # a view of a buffer the worker changes again on the next call
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_env(self, key: str, value: str):
+        os.environ[key] = value
+        torch.set_num_threads(1)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_env(self, key: str):
+        return os.environ.get(key)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def fail(self):
         raise KeyError("no such row")
 
@@ -110,6 +119,19 @@ def test_the_worker_sees_a_one_rank_group_environment_only_during_calls(monkeypa
     assert os.environ.get("RANK") == before and "VERL_DEVICE" not in os.environ
     assert wg.world_size == 1
     wg.kill_workers()
+
+
+def test_what_the_worker_sets_in_its_environment_stays_its_own(monkeypatch):
+    monkeypatch.delenv("VERL_TEST_WORKER_VAR", raising=False)
+    threads = torch.get_num_threads()
+    wg = _group()
+    wg.set_env("VERL_TEST_WORKER_VAR", "1")
+    assert "VERL_TEST_WORKER_VAR" not in os.environ
+    assert wg.get_env("VERL_TEST_WORKER_VAR") == ["1"]  # kept between the worker's calls
+    monkeypatch.setenv("VERL_TEST_DRIVER_VAR", "2")  # set by the driver after the worker started
+    assert wg.get_env("VERL_TEST_DRIVER_VAR") == [None]
+    wg.kill_workers()
+    assert torch.get_num_threads() == threads  # the worker's thread count is given back
 
 
 def test_driver_and_worker_random_streams_are_those_of_two_processes():

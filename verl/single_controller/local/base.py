@@ -12,10 +12,11 @@ separate process would give the worker:
 - **arguments and results by value.** Both are copied (`copy.deepcopy`; Ray pickles them), so a
   worker that changes a batch in place, or returns a view of a buffer it reuses, does not reach
   into the driver's objects;
-- **its environment.** `RANK=0`, `WORLD_SIZE=1`, a free `MASTER_PORT` on 127.0.0.1, the thread
-  count and the driver's `VERL_*` variables as they were when the group was created (what Ray's
-  group gives its actors), set around every call and restored after it. `kill_workers` drops the
-  worker and destroys the process group it created;
+- **its environment.** The driver's environment when the group was created plus `RANK=0`,
+  `WORLD_SIZE=1`, a free `MASTER_PORT` on 127.0.0.1 and the thread count (what Ray's group gives
+  its actors), swapped in around every call; what the worker sets there stays its own.
+  `kill_workers` drops the worker, destroys the process group it created and restores the
+  process's torch thread count;
 - **errors named like Ray's.** A raising worker method raises `WorkerCallError` ("<Class>.<method>
   on rank 0 (in-process) raised an exception: ...") with the original exception as its cause.
 
@@ -47,7 +48,6 @@ from verl.single_controller.base.colocation import colocated_worker_class, unwra
 from verl.single_controller.base.decorator import _padding_size_key, unpad_output
 from verl.single_controller.base.worker import NUM_THREADS_ENV, WorkerHelper
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
-from verl.utils.py_functional import env_override
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,15 @@ class WorkerRngs:
             torch.set_rng_state(outside[2])
 
 
+def _replace_environ(target: dict[str, str]) -> None:
+    """Make `os.environ` equal to `target`, touching only the variables that differ."""
+    for key in [k for k in os.environ if k not in target]:
+        del os.environ[key]
+    for key, value in target.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
 def _resolved(values: list, labels=None, timeout=None) -> list:
     # the "refs" of an in-process future are its values
     return values
@@ -93,7 +102,10 @@ class _InProcessWorker:
         self.cls_name = unwrap_worker_class(cls_with_init.cls).__name__
         self.rngs = WorkerRngs()
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.env = dict(env)
+        # the worker's whole environment, as a process started now with `env` added would have it;
+        # what the worker sets in it stays its own (and out of the driver's)
+        self.environ = {**os.environ, **env}
+        self.driver_threads = torch.get_num_threads()
         import torch.distributed as dist
 
         self.had_process_group = dist.is_available() and dist.is_initialized()
@@ -114,9 +126,15 @@ class _InProcessWorker:
 
     @contextmanager
     def active(self) -> Iterator[None]:
-        """The worker's environment variables and random generators, for one call."""
-        with env_override(self.env), self.rngs.active():
-            yield
+        """The worker's environment and random generators, for one call."""
+        driver_environ = dict(os.environ)
+        _replace_environ(self.environ)
+        try:
+            with self.rngs.active():
+                yield
+        finally:
+            self.environ = dict(os.environ)
+            _replace_environ(driver_environ)
 
     def label(self, method_name: str) -> str:
         return f"{self.cls_name}.{method_name} on rank 0 (in-process)"
@@ -144,7 +162,8 @@ class _InProcessWorker:
         return copy.deepcopy(out)
 
     def close(self) -> None:
-        """Drop the worker, its process group and its event loop."""
+        """Drop the worker, its process group and its event loop; give the process its torch
+        thread count back (the worker set its own)."""
         self.instance = None
         if self.loop is not None:
             self.loop.close()
@@ -153,6 +172,8 @@ class _InProcessWorker:
 
         if dist.is_available() and dist.is_initialized() and not self.had_process_group:
             dist.destroy_process_group()
+        if torch.get_num_threads() != self.driver_threads:
+            torch.set_num_threads(self.driver_threads)
         gc.collect()
 
 
@@ -236,9 +257,7 @@ class LocalWorkerGroup(WorkerGroup):
             num_threads_per_worker = int(from_env) if from_env else torch.get_num_threads()
         if num_threads_per_worker < 1:
             raise ValueError(f"num_threads_per_worker must be >= 1, got {num_threads_per_worker}")
-        forwarded = {k: v for k, v in os.environ.items() if k.startswith("VERL_")}
         return {
-            **forwarded,
             "RANK": "0",
             "WORLD_SIZE": "1",
             "LOCAL_RANK": "0",
