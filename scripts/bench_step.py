@@ -15,8 +15,9 @@ Shapes (work identical for every variant):
 
 Measured per run:
 - steady-state seconds per step: median over the steps after `--warmup`, of the wall time between
-  two consecutive steps' metrics (ours: the arrival of each line of metrics.jsonl; TRL: a callback
-  at each `on_step_end`), and for ours the phase split from `timing_s/*` (gen, reward,
+  two consecutive steps' ends (ours: the trainer's `perf/elapsed_s` of each step, falling back to
+  the arrival of each line of metrics.jsonl, seen every 0.1 s; TRL: a callback at each
+  `on_step_end`), and for ours the phase split from `timing_s/*` (gen, reward,
   old_log_prob, ref, values, adv, update_actor, update_critic; `driver` is the step minus the
   worker calls gen/old_log_prob/ref/values/update_*, i.e. reward, advantage and all serial driver
   work);
@@ -509,6 +510,11 @@ def run_startup(model, steps, run_dir: Path, threads) -> dict:
 def summarize(res: dict, warmup: int) -> dict:
     times = res["line_times"]
     walls = [b - a for a, b in zip(times, times[1:], strict=False)]  # wall of step 2..N
+    elapsed = [t.get("perf/elapsed_s") for t in res.get("timings") or []]
+    if len(elapsed) == len(times) and None not in elapsed:
+        # ours: the trainer's own clock at the end of each step (the file monitor sees a new line
+        # only every 0.1 s, too coarse for 0.1-0.2 s steps)
+        walls = [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
     steady = walls[max(0, warmup - 1) :] or walls
     step_s = statistics.median(steady) if steady else float("nan")
     first_end = times[0] if times else res["t_exit"]
