@@ -66,7 +66,8 @@ logger = logging.getLogger(__name__)
 
 # On CPU, a training micro-batch computing more tokens than this runs its forward + backward in
 # chunks of whole prompt groups when the loss is a sum of per-row terms (`train(row_separable=
-# True)`): the live activations of one chunk stay in the caches (the long shape's update: -12%).
+# True)`): only one chunk's activations are alive at a time (the long shape's update: -4% to -12%,
+# docs/performance.md).
 CPU_CHUNK_TOKENS = 4096
 
 
