@@ -109,25 +109,14 @@ def test_install_is_idempotent(transformers_rotary):
 
 
 def test_llama_logits_and_gradients_bitwise(transformers_rotary, tmp_path, monkeypatch):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from conftest import load_tiny_llama
     from transformers.models.llama import modeling_llama
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
-    model = build_causal_lm(str(tmp_path))
+    path, _, _ = load_tiny_llama(str(tmp_path))
+    model = build_causal_lm(path)
     assert modeling_llama.apply_rotary_pos_emb is rotary_pos_emb
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 40, (5, 9), generator=gen)
+    ids = torch.randint(1, model.config.vocab_size, (5, 9), generator=gen)
     mask = torch.ones_like(ids)
     mask[1, :3] = 0
     mask[3, :1] = 0

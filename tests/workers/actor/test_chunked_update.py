@@ -6,21 +6,16 @@ shortcut and a non-finite micro-batch."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
 from conftest import load_tiny_llama
-from test_workers_common import make_batch, reference_log_probs
+from test_prefix_grouper import _actor as _prefix_grouper_actor
+from test_prefix_grouper import _grouped_batch
+from test_workers_common import reference_log_probs
 
 from verl.protocol import DataProto
-from verl.workers.actor.dp_actor import DataParallelPPOActor
-from verl.workers.config import ActorConfig
 from verl.workers.engine.dp_engine import CPU_CHUNK_TOKENS, DataParallelEngine
-
-PROMPTS = ["1+2=", "13+4=", "9=", "100+21="]
-RESPONSES = [["3", "4", "33", "three"], ["17", "1", "177", "71"], ["nine", "9", "99", "n"], ["121", "12", "1211", "2"]]
 
 
 @pytest.fixture(scope="module")
@@ -29,34 +24,12 @@ def tiny(tmp_path_factory):
 
 
 def _batch(tok, seed=0):
-    prompts, responses, uid = [], [], []
-    for g, p in enumerate(PROMPTS):
-        for r in RESPONSES[g]:
-            prompts.append(p)
-            responses.append(r)
-            uid.append(f"p{g}")
-    batch = make_batch(tok, prompts, responses, prompt_len=9, resp_len=6)
-    order = torch.arange(16).view(4, 4).t().reshape(-1)  # groups scattered over the batch
-    batch = {k: v[order] for k, v in batch.items()}
-    uid = [uid[i] for i in order.tolist()]
-    gen = torch.Generator().manual_seed(seed)
-    batch["advantages"] = torch.randn(batch["responses"].shape, generator=gen) * batch["response_mask"]
-    return batch, np.array(uid, dtype=object)
+    """4 prompts x 4 responses of 1..6 tokens, the groups scattered over the batch."""
+    return _grouped_batch(tok, seed=seed, interleave=False)
 
 
 def _actor(model, chunk_tokens, **cfg):
-    model = copy.deepcopy(model)
-    base = dict(
-        ppo_mini_batch_size=16,
-        ppo_micro_batch_size_per_gpu=16,
-        use_dynamic_bsz=False,
-        loss_scale_factor=6.0,
-        grad_clip=1e9,
-        clip_ratio=0.2,
-        use_prefix_grouper=True,
-    )
-    base.update(cfg)
-    actor = DataParallelPPOActor(ActorConfig(**base), model, torch.optim.SGD(model.parameters(), lr=1.0))
+    actor, model = _prefix_grouper_actor(model, True, **cfg)
     actor.engine.chunk_tokens = chunk_tokens
     return actor, model
 
