@@ -132,6 +132,19 @@ def test_non_finite_micro_batch_is_dropped_whole(tiny, monkeypatch):
     _assert_same_update(plain, chunked)
 
 
+def test_several_data_parallel_ranks_are_not_chunked(tiny):
+    # with FSDP every forward and backward is a collective: ranks with different numbers of
+    # chunks would not meet
+    _, tok, model = tiny
+    batch, uid = _batch(tok, seed=4)
+    batch["old_log_probs"] = reference_log_probs(model, batch)
+    actor, m = _actor(model, 10)
+    micro = DataProto.from_dict(tensors=dict(batch)).batch
+    assert actor.engine._train_chunks(micro) is not None
+    actor.engine.dp_size = 2
+    assert actor.engine._train_chunks(micro) is None
+
+
 def test_losses_selecting_by_batch_statistics_are_not_chunked(tiny, monkeypatch):
     _, tok, model = tiny
     batch, uid = _batch(tok, seed=4)

@@ -441,7 +441,8 @@ class DataParallelEngine:
             keep: names of `forward`'s outputs to return detached (`TrainOutput.outputs`).
             row_separable: `loss_fn`'s loss is a sum of per-row terms (each row's term depends on
                 that row's outputs and the global batch info only), so its gradient can be taken
-                over chunks of rows. Then on CPU a micro-batch computing more than
+                over chunks of rows. Then on CPU with one data-parallel rank a micro-batch computing
+                more than
                 `self.chunk_tokens` tokens runs forward, loss and backward per chunk of whole
                 prompt groups (`padding_free.row_chunks`), and its loss and metrics are those of
                 `loss_fn` on the whole micro-batch's (detached) outputs: the same numbers, the
@@ -526,8 +527,10 @@ class DataParallelEngine:
                 meter.add_weighted(name, value, n_tok)
 
     def _train_chunks(self, micro) -> list[torch.Tensor] | None:
-        """Row chunks of a training micro-batch (see `train(row_separable=True)`), or None."""
-        if self.chunk_tokens is None or self.device.type != "cpu" or not self.use_remove_padding:
+        """Row chunks of a training micro-batch (see `train(row_separable=True)`), or None. One
+        data-parallel rank only: the number of chunks depends on the rank's rows, and with FSDP
+        every forward and backward is a collective that all ranks must run equally often."""
+        if self.chunk_tokens is None or self.device.type != "cpu" or not self.use_remove_padding or self.dp_size != 1:
             return None
         return row_chunks(
             micro["input_ids"],
