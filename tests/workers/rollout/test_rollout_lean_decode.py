@@ -86,6 +86,11 @@ def test_lean_step_gives_the_same_rollout(tiny, monkeypatch, do_sample, prompts,
     assert torch.equal(ref["responses"], out["responses"])
     assert torch.equal(ref["response_mask"], out["response_mask"])
     assert torch.equal(ref["rollout_log_probs"], out["rollout_log_probs"])
+    # the lean loop runs in inference mode; its outputs must stay usable by autograd (the update
+    # gathers log-probs at `responses`, which saves them for the backward)
+    assert not any(out[k].is_inference() for k in out.keys())
+    logits = torch.zeros(*out["responses"].shape, 50, requires_grad=True)
+    logits.gather(-1, out["responses"].unsqueeze(-1)).sum().backward()
 
 
 @pytest.mark.parametrize("padded", [True, False])

@@ -260,6 +260,7 @@ class DataParallelPPOActor(BasePPOActor):
             loss_scale_factor=cfg.loss_scale_factor,
             on_mini_batch=on_mini_batch,
             keep=("log_probs", "entropys") if use_current else (),
+            row_separable=_row_separable(cfg, rc_config, bypass),
         )
         metrics = out.metrics
         if cfg.use_kl_loss:
@@ -271,6 +272,19 @@ class DataParallelPPOActor(BasePPOActor):
             out.outputs.get("entropys") if calc_entropy else None,
             out.padding,
         )
+
+
+# policy losses whose value is a sum of per-token terms over the global batch info: their gradient
+# may be taken over chunks of rows (`DataParallelEngine.train(row_separable=True)`); losses that
+# select tokens by batch statistics (clip_cov, kl_cov, ...) are not listed
+_ROW_SEPARABLE_LOSSES = frozenset({"vanilla"})
+
+
+def _row_separable(cfg, rc_config, bypass: bool) -> bool:
+    """The update's loss is a sum of per-row terms: a listed policy loss, no rollout correction
+    computed inside the loss (bypass mode, IS weights of the on-policy shortcut)."""
+    loss_mode = config_get(cfg.policy_loss, "loss_mode", "vanilla")
+    return loss_mode in _ROW_SEPARABLE_LOSSES and rc_config is None and not bypass
 
 
 def _update_keys(cfg, present, use_current: bool) -> list[str]:

@@ -44,6 +44,7 @@ from verl.workers.engine.padding_free import (
     group_shared_prompts,
     prefix_cache_kwarg,
     response_outputs,
+    row_chunks,
     shared_prefix_outputs,
 )
 
@@ -62,6 +63,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# On CPU, a training micro-batch computing more tokens than this runs its forward + backward in
+# chunks of whole prompt groups when the loss is a sum of per-row terms (`train(row_separable=
+# True)`): only one chunk's activations are alive at a time (the long shape's update: -4% to -12%,
+# docs/performance.md).
+CPU_CHUNK_TOKENS = 4096
 
 
 def global_loss_stats(response_mask: torch.Tensor, uid, group=None) -> core_algos.BatchLossStats:
@@ -271,6 +278,8 @@ class DataParallelEngine:
         self.logits_to_keep = accepts_logits_to_keep(module)
         self.cache_kwarg = prefix_cache_kwarg(module)
         self.prefix_groups_used = 0  # micro-batches computed with shared prompts (the prefix grouper)
+        # token budget of one chunk of a row-separable training micro-batch on CPU (None: never chunk)
+        self.chunk_tokens: int | None = CPU_CHUNK_TOKENS
 
     @property
     def device(self) -> torch.device:
@@ -409,6 +418,7 @@ class DataParallelEngine:
         loss_scale_factor: float | None = None,
         on_mini_batch: Callable | None = None,
         keep: Sequence[str] = (),
+        row_separable: bool = False,
     ) -> TrainOutput:
         """`config.ppo_epochs` x mini-batches (one optimizer step each) x micro-batches.
 
@@ -429,6 +439,14 @@ class DataParallelEngine:
             on_mini_batch: `on_mini_batch(mb, meter)` at the start of each mini-batch, before its loss
                 denominators are taken (it may rewrite `mb["response_mask"]`).
             keep: names of `forward`'s outputs to return detached (`TrainOutput.outputs`).
+            row_separable: `loss_fn`'s loss is a sum of per-row terms (each row's term depends on
+                that row's outputs and the global batch info only), so its gradient can be taken
+                over chunks of rows. Then on CPU with one data-parallel rank a micro-batch computing
+                more than
+                `self.chunk_tokens` tokens runs forward, loss and backward per chunk of whole
+                prompt groups (`padding_free.row_chunks`), and its loss and metrics are those of
+                `loss_fn` on the whole micro-batch's (detached) outputs: the same numbers, the
+                gradient summed over the chunks (float summation order only).
         """
         if self.optimizer is None:
             raise RuntimeError(f"update_{prefix} called on an engine without optimizer (a frozen model?)")
@@ -468,7 +486,14 @@ class DataParallelEngine:
                         device=self.device,
                     )
                     micro_kept = {name: (out, rows[gidx]) for name, out in kept.items()}
-                    contributed += self._micro_step(mb[gidx], forward, loss_fn, info, meter, tally, micro_kept, prefix)
+                    micro = mb[gidx].to(self.device)
+                    chunks = self._train_chunks(micro) if row_separable else None
+                    if chunks is None:
+                        contributed += self._micro_step(micro, forward, loss_fn, info, meter, tally, micro_kept, prefix)
+                    else:
+                        contributed += self._chunked_micro_step(
+                            micro, chunks, forward, loss_fn, info, meter, tally, micro_kept, prefix, params
+                        )
                 self._end_mini_batch(contributed, params, config.grad_clip, meter, tally, prefix)
         self.optimizer.zero_grad(set_to_none=True)
         metrics = meter.reduce(self.process_group, self.dp_size)
@@ -477,15 +502,12 @@ class DataParallelEngine:
         return TrainOutput(metrics, kept, _padding(tally.valid, tally.slots))
 
     def _micro_step(self, micro, forward, loss_fn, info, meter, tally, kept, prefix) -> int:
-        """Forward, loss and backward of one micro-batch; 1 if it contributed a gradient."""
-        micro = micro.to(self.device)
-        n_tok = float(micro["response_mask"].sum())
+        """Forward, loss and backward of one micro-batch (on the device); 1 if it contributed a
+        gradient."""
         model_output, (valid, slots) = forward(micro)
         tally.valid += valid
         tally.slots += slots
-        for name, (out, rows) in kept.items():
-            if model_output.get(name) is not None:
-                out[rows] = model_output[name].detach().float().cpu()
+        _keep(kept, model_output)
         with core_algos.global_batch_info(**info):
             loss, metrics = loss_fn(model_output, micro)
         if not all_ranks_finite(loss, self.process_group):
@@ -493,11 +515,72 @@ class DataParallelEngine:
             logger.warning("%s: non-finite loss in a micro-batch; skipped (not back-propagated)", prefix)
             return 0
         loss.backward()
+        self._record(meter, metrics, micro)
+        return 1
+
+    def _record(self, meter: StepMeter, metrics: dict, micro) -> None:
+        n_tok = float(micro["response_mask"].sum())
         for name, value in metrics.items():
             if isinstance(value, LossShare):
                 meter.add_sum(name, value / self.dp_size)
             else:
                 meter.add_weighted(name, value, n_tok)
+
+    def _train_chunks(self, micro) -> list[torch.Tensor] | None:
+        """Row chunks of a training micro-batch (see `train(row_separable=True)`), or None. One
+        data-parallel rank only: the number of chunks depends on the rank's rows, and with FSDP
+        every forward and backward is a collective that all ranks must run equally often."""
+        if self.chunk_tokens is None or self.device.type != "cpu" or not self.use_remove_padding or self.dp_size != 1:
+            return None
+        return row_chunks(
+            micro["input_ids"],
+            micro["attention_mask"],
+            micro["responses"].shape[-1],
+            self.chunk_tokens,
+            share_prompts=self.use_prefix_grouper,
+        )
+
+    def _chunked_micro_step(self, micro, chunks, forward, loss_fn, info, meter, tally, kept, prefix, params) -> int:
+        """`_micro_step` of a micro-batch whose loss is a sum of per-row terms, run as forward,
+        loss and backward per chunk of rows (`chunks`: ascending row indices into `micro`).
+
+        The loss and metrics reported are `loss_fn` on the outputs of all chunks put together
+        (detached): what `_micro_step` reports. A loss that is not finite on some rank (the
+        micro-batch loss is not finite exactly when some chunk's is not) drops the whole
+        micro-batch as `_micro_step` does: the gradients of the chunks already back-propagated
+        are taken back (they are restored from a copy made first)."""
+        saved = [None if p.grad is None else p.grad.clone() for p in params]
+        parts: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
+        finite = True
+        for idx in chunks:
+            sub = micro[idx]
+            output, (valid, slots) = forward(sub)
+            tally.valid += valid
+            tally.slots += slots
+            with core_algos.global_batch_info(**_info_rows(info, idx, micro.batch_size[0])):
+                loss, _ = loss_fn(output, sub)
+            if not bool(torch.isfinite(loss).all()):
+                finite = False
+                break
+            loss.backward()
+            parts.append((idx, {name: value.detach() for name, value in output.items() if value is not None}))
+        if not all_ranks_finite(torch.tensor(0.0 if finite else float("nan")), self.process_group):
+            for p, grad in zip(params, saved, strict=True):
+                p.grad = grad
+            tally.skipped_micro += 1
+            logger.warning("%s: non-finite loss in a micro-batch; skipped (not back-propagated)", prefix)
+            return 0
+        m = micro.batch_size[0]
+        model_output: dict[str, torch.Tensor] = {}
+        for idx, output in parts:
+            for name, value in output.items():
+                if name not in model_output:
+                    model_output[name] = value.new_zeros((m, *value.shape[1:]))
+                model_output[name][idx] = value
+        _keep(kept, model_output)
+        with torch.no_grad(), core_algos.global_batch_info(**info):
+            _, metrics = loss_fn(model_output, micro)
+        self._record(meter, metrics, micro)
         return 1
 
     def _end_mini_batch(self, contributed, params, grad_clip, meter, tally, prefix) -> None:
@@ -507,6 +590,22 @@ class DataParallelEngine:
             return
         if not clip_and_step(self.optimizer, params, grad_clip, meter, prefix):
             tally.skipped_steps += 1
+
+
+def _keep(kept, model_output) -> None:
+    """Copy the kept outputs of a micro-batch (detached, float32, CPU) into their rows."""
+    for name, (out, rows) in kept.items():
+        if model_output.get(name) is not None:
+            out[rows] = model_output[name].detach().float().cpu()
+
+
+def _info_rows(info: dict, idx: torch.Tensor, m: int) -> dict:
+    """The global batch info of a micro-batch of `m` rows restricted to the rows `idx`: per-row
+    tensors (`group_num_tokens` of `prompt-mean`) are indexed, everything else is global."""
+    return {
+        key: value[idx.to(value.device)] if torch.is_tensor(value) and value.dim() and value.shape[0] == m else value
+        for key, value in info.items()
+    }
 
 
 def check_micro_batching(config, prefix: str) -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "shared_prefix_outputs",
     "prefix_cache_kwarg",
     "activation_checkpointing",
+    "row_chunks",
 ]
 
 
@@ -328,3 +329,54 @@ def prefix_cache_kwarg(module) -> str | None:
         if name in params:
             return name
     return None
+
+
+def row_chunks(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    max_tokens: int,
+    share_prompts: bool = True,
+) -> list[torch.Tensor] | None:
+    """Split the rows of a micro-batch into chunks of whole prompt groups computing about the same
+    number of tokens, each at most `max_tokens` unless one group alone computes more.
+
+    Rows are a left-padded prompt followed by `response_length` right-padded response columns;
+    rows with the same prompt (token ids and mask) form a group, counted with its prompt once
+    (`share_prompts`, the prefix grouper) or once per row, plus every row's response tokens.
+
+    Returns:
+        index tensors (rows of the micro-batch, ascending) of 2 or more chunks, or None when the
+        micro-batch computes no more than `max_tokens` tokens.
+    """
+    m = input_ids.shape[0]
+    width = input_ids.shape[-1] - response_length
+    if m < 2 or width < 0:
+        return None
+    p_mask = attention_mask[:, :width].long()
+    key = torch.cat([input_ids[:, :width] * p_mask, p_mask.to(input_ids.dtype)], dim=-1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    u = int(inverse.max()) + 1
+    rows = torch.arange(m, device=inverse.device)
+    first = torch.full((u,), m, dtype=torch.long, device=inverse.device).scatter_reduce(0, inverse, rows, reduce="amin")
+    prompt = p_mask.sum(dim=-1)[first]
+    if not share_prompts:
+        prompt = prompt * torch.bincount(inverse, minlength=u)
+    response = torch.zeros(u, dtype=torch.long, device=inverse.device)
+    response.index_add_(0, inverse, attention_mask[:, width:].long().sum(dim=-1))
+    tokens = (prompt + response).tolist()
+    total = sum(tokens)
+    if total <= max_tokens:
+        return None
+    n_chunks = -(-total // max_tokens)
+    target = total / n_chunks
+    chunk_of_group = torch.empty(u, dtype=torch.long)
+    done = 0
+    for g in torch.argsort(first).tolist():  # groups in order of first appearance
+        # a group goes to the chunk its middle token falls in
+        chunk_of_group[g] = min(n_chunks - 1, int((done + tokens[g] / 2) // target))
+        done += tokens[g]
+    chunk_of_row = chunk_of_group.to(inverse.device)[inverse]
+    chunks = [rows[chunk_of_row == c] for c in range(n_chunks)]
+    chunks = [c for c in chunks if c.numel()]
+    return chunks if len(chunks) > 1 else None

@@ -351,46 +351,51 @@ class HFRollout(BaseRollout):
             _preallocate_cache(cache, input_ids.shape[1] + resp_len)
             # the same decoder step without transformers' per-call overhead, where it applies
             lean = LlamaDecodeStep.build(self.module, cache, _buffered_layer_class())
-            for t in range(resp_len):
-                tok, logp = _next_token(logits, temperature, greedy, params, generator)
-                tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
-                tokens[active, t] = tok
-                lps[active, t] = torch.where(
-                    finished, torch.zeros((), device=device), logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-                )
-                alive = ~finished
-                n_done = 0  # nothing can finish without EOS ids (ignore_eos): no host sync then
-                if eos is not None:
-                    finished = finished | torch.isin(tok, eos)
-                    n_done = int(finished.sum())  # the one host sync of a decoding step
-                if t == resp_len - 1 or n_done == finished.numel():
-                    break
-                # the token just generated is attended to if it was generated while alive (EOS too)
-                mask = torch.cat([mask, alive.to(mask.dtype).unsqueeze(1)], dim=1)
-                last_pos = last_pos + 1
-                if n_done and n_done * 4 >= finished.numel():
-                    # drop finished rows once a quarter of the batch is done: later steps cost less
-                    keep = (~finished).nonzero().squeeze(1)
-                    cache.batch_select_indices(keep)
-                    mask, last_pos, tok, active, finished = (
-                        mask[keep],
-                        last_pos[keep],
-                        tok[keep],
-                        active[keep],
-                        finished[keep],
+            # the lean step runs a plain model (no FSDP / peft hooks, see LlamaDecodeStep.build):
+            # inference mode skips autograd's per-op bookkeeping (~5% of decoding, same kernels and
+            # numbers); `tokens` / `lps` were made outside it and written in place, so what this
+            # returns are normal tensors
+            with torch.inference_mode(lean is not None):
+                for t in range(resp_len):
+                    tok, logp = _next_token(logits, temperature, greedy, params, generator)
+                    tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
+                    tokens[active, t] = tok
+                    lps[active, t] = torch.where(
+                        finished, torch.zeros((), device=device), logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
                     )
-                if lean is not None:
-                    logits = lean.step(tok, mask, last_pos).float()
-                else:
-                    out = self.module(
-                        input_ids=tok.unsqueeze(1),
-                        attention_mask=mask,
-                        position_ids=last_pos.unsqueeze(1),
-                        use_cache=True,
-                        **{cache_kw: cache},
-                    )
-                    cache = self._out_cache(out)
-                    logits = out.logits[:, -1, :].float()
+                    alive = ~finished
+                    n_done = 0  # nothing can finish without EOS ids (ignore_eos): no host sync then
+                    if eos is not None:
+                        finished = finished | torch.isin(tok, eos)
+                        n_done = int(finished.sum())  # the one host sync of a decoding step
+                    if t == resp_len - 1 or n_done == finished.numel():
+                        break
+                    # the token just generated is attended to if it was generated while alive (EOS too)
+                    mask = torch.cat([mask, alive.to(mask.dtype).unsqueeze(1)], dim=1)
+                    last_pos = last_pos + 1
+                    if n_done and n_done * 4 >= finished.numel():
+                        # drop finished rows once a quarter of the batch is done: later steps cost less
+                        keep = (~finished).nonzero().squeeze(1)
+                        cache.batch_select_indices(keep)
+                        mask, last_pos, tok, active, finished = (
+                            mask[keep],
+                            last_pos[keep],
+                            tok[keep],
+                            active[keep],
+                            finished[keep],
+                        )
+                    if lean is not None:
+                        logits = lean.step(tok, mask, last_pos).float()
+                    else:
+                        out = self.module(
+                            input_ids=tok.unsqueeze(1),
+                            attention_mask=mask,
+                            position_ids=last_pos.unsqueeze(1),
+                            use_cache=True,
+                            **{cache_kw: cache},
+                        )
+                        cache = self._out_cache(out)
+                        logits = out.logits[:, -1, :].float()
         return tokens.cpu(), lps.cpu()
 
     # ------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ With small models a decoding step is dominated by the per-call overhead of the t
 (keyword plumbing, output capturing, building the 4-D attention mask, the cache object's
 bookkeeping) rather than by arithmetic: about 1 ms of a 6.4 ms step for 128 rows of the embedded
 1M Llama. `LlamaDecodeStep` runs the same decoder for one new token per row by calling the model's
-own sub-modules (embedding, rotary embedding, norms, projections, MLP) and transformers' own
-`apply_rotary_pos_emb` and `sdpa_attention_forward`, in the same order and on the same tensors, so
+own sub-modules (embedding, rotary embedding, norms, projections, MLP), the `apply_rotary_pos_emb`
+the model's attention calls (transformers', or `verl.utils.model.rotary_pos_emb`, bitwise the same)
+and transformers' `sdpa_attention_forward`, in the same order and on the same tensors, so
 its logits are bitwise those of `model(...)` (tests/workers/rollout/test_rollout_lean_decode.py).
 Only the wrapper work is skipped: the mask is the boolean `[b, 1, 1, L]` padding mask (None when
 nothing is padded, as transformers does for one query token), and the keys/values go straight into
