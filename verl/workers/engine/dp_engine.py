@@ -439,14 +439,10 @@ class DataParallelEngine:
             on_mini_batch: `on_mini_batch(mb, meter)` at the start of each mini-batch, before its loss
                 denominators are taken (it may rewrite `mb["response_mask"]`).
             keep: names of `forward`'s outputs to return detached (`TrainOutput.outputs`).
-            row_separable: `loss_fn`'s loss is a sum of per-row terms (each row's term depends on
-                that row's outputs and the global batch info only), so its gradient can be taken
-                over chunks of rows. Then on CPU with one data-parallel rank a micro-batch computing
-                more than
-                `self.chunk_tokens` tokens runs forward, loss and backward per chunk of whole
-                prompt groups (`padding_free.row_chunks`), and its loss and metrics are those of
-                `loss_fn` on the whole micro-batch's (detached) outputs: the same numbers, the
-                gradient summed over the chunks (float summation order only).
+            row_separable: `loss_fn`'s loss is a sum of per-row terms (each depends on its row's
+                outputs and the global batch info only): on CPU with one data-parallel rank a
+                micro-batch of more than `self.chunk_tokens` tokens may then run per chunk of whole
+                prompt groups (`_chunked_micro_step`: the same numbers up to summation order).
         """
         if self.optimizer is None:
             raise RuntimeError(f"update_{prefix} called on an engine without optimizer (a frozen model?)")
@@ -459,6 +455,7 @@ class DataParallelEngine:
         tally = _Tally()
         self.module.train()
         params = [p for p in self.module.parameters() if p.requires_grad]
+        sizes = (config.ppo_micro_batch_size_per_gpu, bool(config.use_dynamic_bsz), config.ppo_max_token_len_per_gpu)
         for epoch in range(config.ppo_epochs):
             order = mini_batch_order(n, config.shuffle, config.data_loader_seed, epoch)
             for k in range(n // mini):
@@ -471,12 +468,7 @@ class DataParallelEngine:
                 stats = global_loss_stats(mb["response_mask"], mb_uid, self.process_group)
                 self.optimizer.zero_grad(set_to_none=True)
                 contributed = 0
-                for group in self.plan(
-                    mb,
-                    config.ppo_micro_batch_size_per_gpu,
-                    bool(config.use_dynamic_bsz),
-                    config.ppo_max_token_len_per_gpu,
-                ):
+                for group in self.plan(mb, *sizes):
                     gidx = torch.tensor(group, dtype=torch.long)
                     info = core_algos.make_global_batch_info(
                         stats,
@@ -486,20 +478,22 @@ class DataParallelEngine:
                         device=self.device,
                     )
                     micro_kept = {name: (out, rows[gidx]) for name, out in kept.items()}
-                    micro = mb[gidx].to(self.device)
-                    chunks = self._train_chunks(micro) if row_separable else None
-                    if chunks is None:
-                        contributed += self._micro_step(micro, forward, loss_fn, info, meter, tally, micro_kept, prefix)
-                    else:
-                        contributed += self._chunked_micro_step(
-                            micro, chunks, forward, loss_fn, info, meter, tally, micro_kept, prefix, params
-                        )
+                    common = (forward, loss_fn, info, meter, tally, micro_kept, prefix)
+                    contributed += self._train_micro(mb[gidx].to(self.device), row_separable, common)
                 self._end_mini_batch(contributed, params, config.grad_clip, meter, tally, prefix)
         self.optimizer.zero_grad(set_to_none=True)
         metrics = meter.reduce(self.process_group, self.dp_size)
         metrics[f"{prefix}/nonfinite_loss_skipped"] = [float(tally.skipped_micro)]
         metrics[f"{prefix}/nonfinite_grad_skipped_steps"] = [float(tally.skipped_steps)]
         return TrainOutput(metrics, kept, _padding(tally.valid, tally.slots))
+
+    def _train_micro(self, micro, row_separable: bool, common: tuple) -> int:
+        """Forward, loss and backward of one micro-batch, whole or per chunk of rows (`train`'s
+        `row_separable`); `common`: the arguments after `micro` of `_micro_step`."""
+        chunks = self._train_chunks(micro) if row_separable else None
+        if chunks is None:
+            return self._micro_step(micro, *common)
+        return self._chunked_micro_step(micro, chunks, *common)
 
     def _micro_step(self, micro, forward, loss_fn, info, meter, tally, kept, prefix) -> int:
         """Forward, loss and backward of one micro-batch (on the device); 1 if it contributed a
@@ -540,7 +534,7 @@ class DataParallelEngine:
             share_prompts=self.use_prefix_grouper,
         )
 
-    def _chunked_micro_step(self, micro, chunks, forward, loss_fn, info, meter, tally, kept, prefix, params) -> int:
+    def _chunked_micro_step(self, micro, chunks, forward, loss_fn, info, meter, tally, kept, prefix) -> int:
         """`_micro_step` of a micro-batch whose loss is a sum of per-row terms, run as forward,
         loss and backward per chunk of rows (`chunks`: ascending row indices into `micro`).
 
@@ -549,6 +543,7 @@ class DataParallelEngine:
         micro-batch loss is not finite exactly when some chunk's is not) drops the whole
         micro-batch as `_micro_step` does: the gradients of the chunks already back-propagated
         are taken back (they are restored from a copy made first)."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
         saved = [None if p.grad is None else p.grad.clone() for p in params]
         parts: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
         finite = True
