@@ -63,6 +63,7 @@ __all__ = [
     "make_nd_compute_dataproto_dispatch_fn",
     "register",
     "register_dispatch_mode",
+    "unpad_output",
     "update_dispatch_mode",
 ]
 
