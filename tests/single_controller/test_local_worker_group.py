@@ -118,6 +118,7 @@ def test_the_worker_sees_a_one_rank_group_environment_only_during_calls(monkeypa
     ]
     assert os.environ.get("RANK") == before and "VERL_DEVICE" not in os.environ
     assert wg.world_size == 1
+    assert wg.master_address == "127.0.0.1" and int(wg.master_port) > 0  # the worker's rendezvous
     wg.kill_workers()
 
 

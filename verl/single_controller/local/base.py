@@ -248,7 +248,7 @@ class LocalWorkerGroup(WorkerGroup):
         self._shared = _shared
         self._workers = [_shared]
         self._worker_names = [f"{self.name_prefix}{self.user_cls.__name__}_0:0"]
-        self._master_addr, self._master_port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        self._master_addr, self._master_port = _shared.environ["MASTER_ADDR"], _shared.environ["MASTER_PORT"]
         self._bind_worker_method(self.user_cls, _local_proxy)
 
     def _worker_env(self, num_threads_per_worker: int | None) -> dict[str, str]:
@@ -311,6 +311,14 @@ class LocalWorkerGroup(WorkerGroup):
     @property
     def worker_names(self) -> list[str]:
         return self._worker_names
+
+    @property
+    def master_address(self) -> str | None:
+        return self._master_addr
+
+    @property
+    def master_port(self) -> str | None:
+        return self._master_port
 
     @property
     def workers(self) -> list:
