@@ -109,6 +109,24 @@ class WorkerGroup:
     def world_size(self) -> int:
         return len(self._workers)
 
+    @property
+    def worker_names(self) -> list[str]:
+        return self._worker_names
+
+    @property
+    def workers(self) -> list:
+        """The backend's worker handles (Ray actor handles; the in-process worker)."""
+        return self._workers
+
+    @property
+    def master_address(self) -> str | None:
+        """Rendezvous address of rank 0 (MASTER_ADDR of the workers)."""
+        return self._master_addr
+
+    @property
+    def master_port(self) -> str | None:
+        return self._master_port
+
     def execute_all(self, method_name: str, *args, **kwargs):
         raise NotImplementedError
 

@@ -308,22 +308,6 @@ class LocalWorkerGroup(WorkerGroup):
         """Drop the worker (all roles of a colocated group) and the process group it created."""
         self._shared.close()
 
-    @property
-    def worker_names(self) -> list[str]:
-        return self._worker_names
-
-    @property
-    def master_address(self) -> str | None:
-        return self._master_addr
-
-    @property
-    def master_port(self) -> str | None:
-        return self._master_port
-
-    @property
-    def workers(self) -> list:
-        return self._workers
-
 
 def create_local_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> ClassWithInitArgs:
     """`create_colocated_worker_cls` for `LocalWorkerGroup`: one worker object holding every role."""

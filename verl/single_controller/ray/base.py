@@ -558,22 +558,6 @@ class RayWorkerGroup(WorkerGroup):
             except Exception as err:  # already dead
                 logger.debug("ray.kill failed: %s", err)
 
-    @property
-    def worker_names(self) -> list[str]:
-        return self._worker_names
-
-    @property
-    def master_address(self) -> str | None:
-        return self._master_addr
-
-    @property
-    def master_port(self) -> str | None:
-        return self._master_port
-
-    @property
-    def workers(self) -> list:
-        return self._workers
-
 
 # ----------------------------------------------------------------------------- colocation
 
