@@ -94,6 +94,9 @@ def _dp_worker(rank, path, init_file, out_file):
     full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in model.named_parameters()}
     if rank == 0:
         torch.save({"params": full, "fused": opt.param_groups[0]["fused"]}, out_file)
+    # both ranks reach teardown together: a rank that closes its gloo pairs while the other
+    # still reads from them can abort that process (seen once in CI as SIGABRT)
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -189,6 +189,9 @@ def _ws2_worker(rank: int, port: int, path: str, out_dir: str):
         {"init": init_lp, "after": after, "ref": ref, "gen_keys": sorted(gen.batch.keys()), "merged": merged},
         os.path.join(out_dir, f"rank{rank}.pt"),
     )
+    # both ranks reach teardown together: a rank that closes its gloo pairs while the other
+    # still reads from them can abort that process (seen once in CI as SIGABRT)
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 

@@ -390,6 +390,9 @@ def _batch_norm_worker(rank, init_file, out_file, empty_rank):
         old, roll, mask, {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": True}
     )
     torch.save((weights, m.get("rollout_corr/rollout_is_batch_norm_factor")), f"{out_file}.{rank}")
+    # both ranks reach teardown together: a rank that closes its gloo pairs while the other
+    # still reads from them can abort that process (seen once in CI as SIGABRT)
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -336,6 +336,9 @@ def _meter_worker(rank, init_file, out_file):
     out = meter.reduce(None, 2)
     if rank == 0:
         torch.save(out, out_file)
+    # both ranks reach teardown together: a rank that closes its gloo pairs while the other
+    # still reads from them can abort that process (seen once in CI as SIGABRT)
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -199,6 +199,9 @@ def _dp_worker(rank, path, init_file, out_file, use_pg):
     dist.all_gather_object(gathered, lp)
     if rank == 0:
         torch.save({"params": params, "lp": torch.cat(gathered), "used": actor.prefix_groups_used}, out_file)
+    # both ranks reach teardown together: a rank that closes its gloo pairs while the other
+    # still reads from them can abort that process (seen once in CI as SIGABRT)
+    dist.barrier()
     dist.destroy_process_group()
 
 
