@@ -94,6 +94,22 @@ def save_model_dir(model, tokenizer, out_dir) -> str:
     return str(out_dir)
 
 
+def end_spawned_rank() -> None:
+    """The last line of a `torch.multiprocessing.spawn` worker whose results are written.
+
+    The ranks meet at a barrier first, so that none closes its gloo connections while another still
+    reads from them. Then the process leaves with `os._exit(0)`, skipping the interpreter's
+    teardown, where gloo's C++ threads can abort a process after a clean run: spawn would report a
+    signal instead of exit code 0 (seen once in CI as SIGABRT). A failure in the worker raises
+    before this call and is reported as usual.
+    """
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
 def load_tiny_llama(out_dir: str):
     """``(path, tokenizer, model)``: `test_workers_common.build_tiny_llama` saved in `out_dir`, then
     loaded back with sdpa attention (the actor tests' model)."""

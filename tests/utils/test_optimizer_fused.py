@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import end_spawned_rank
 from test_workers_common import build_tiny_llama
 
 from verl.utils.fsdp_utils import build_optimizer
@@ -94,13 +95,7 @@ def _dp_worker(rank, path, init_file, out_file):
     full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in model.named_parameters()}
     if rank == 0:
         torch.save({"params": full, "fused": opt.param_groups[0]["fused"]}, out_file)
-    # both ranks reach teardown together: a rank that closes its gloo pairs while the other
-    # still reads from them can abort that process (seen once in CI as SIGABRT)
-    dist.barrier()
-    dist.destroy_process_group()
-    # results are written: skip the interpreter's teardown, where gloo's C++ threads can abort the
-    # process after a clean run (spawn then reports a signal instead of exit code 0)
-    os._exit(0)
+    end_spawned_rank()
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import end_spawned_rank
 from test_workers import _grpo_like_advantages, prompt_batch
 from test_workers import make_config as _make_config
 from test_workers_common import build_tiny_llama
@@ -189,13 +190,7 @@ def _ws2_worker(rank: int, port: int, path: str, out_dir: str):
         {"init": init_lp, "after": after, "ref": ref, "gen_keys": sorted(gen.batch.keys()), "merged": merged},
         os.path.join(out_dir, f"rank{rank}.pt"),
     )
-    # both ranks reach teardown together: a rank that closes its gloo pairs while the other
-    # still reads from them can abort that process (seen once in CI as SIGABRT)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    # results are written: skip the interpreter's teardown, where gloo's C++ threads can abort the
-    # process after a clean run (spawn then reports a signal instead of exit code 0)
-    os._exit(0)
+    end_spawned_rank()
 
 
 @pytest.mark.slow

@@ -3,10 +3,10 @@ IcePop strings, batch normalisation), rejection rules (single and comma-separate
 bounds), our extra rules, and composition with the policy losses. Numbers worked by hand."""
 
 import math
-import os
 
 import pytest
 import torch
+from conftest import end_spawned_rank
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
@@ -391,13 +391,7 @@ def _batch_norm_worker(rank, init_file, out_file, empty_rank):
         old, roll, mask, {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": True}
     )
     torch.save((weights, m.get("rollout_corr/rollout_is_batch_norm_factor")), f"{out_file}.{rank}")
-    # both ranks reach teardown together: a rank that closes its gloo pairs while the other
-    # still reads from them can abort that process (seen once in CI as SIGABRT)
-    dist.barrier()
-    dist.destroy_process_group()
-    # results are written: skip the interpreter's teardown, where gloo's C++ threads can abort the
-    # process after a clean run (spawn then reports a signal instead of exit code 0)
-    os._exit(0)
+    end_spawned_rank()
 
 
 @pytest.mark.slow

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 
 import numpy as np
 import pytest
 import torch
-from conftest import load_tiny_llama
+from conftest import end_spawned_rank, load_tiny_llama
 from test_workers_common import PROMPTS, RESPONSES, make_batch, reference_log_probs
 
 from verl.protocol import DataProto
@@ -337,13 +336,7 @@ def _meter_worker(rank, init_file, out_file):
     out = meter.reduce(None, 2)
     if rank == 0:
         torch.save(out, out_file)
-    # both ranks reach teardown together: a rank that closes its gloo pairs while the other
-    # still reads from them can abort that process (seen once in CI as SIGABRT)
-    dist.barrier()
-    dist.destroy_process_group()
-    # results are written: skip the interpreter's teardown, where gloo's C++ threads can abort the
-    # process after a clean run (spawn then reports a signal instead of exit code 0)
-    os._exit(0)
+    end_spawned_rank()
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import load_tiny_llama
+from conftest import end_spawned_rank, load_tiny_llama
 from test_workers_common import make_batch, reference_log_probs
 
 from verl.protocol import DataProto
@@ -199,13 +199,7 @@ def _dp_worker(rank, path, init_file, out_file, use_pg):
     dist.all_gather_object(gathered, lp)
     if rank == 0:
         torch.save({"params": params, "lp": torch.cat(gathered), "used": actor.prefix_groups_used}, out_file)
-    # both ranks reach teardown together: a rank that closes its gloo pairs while the other
-    # still reads from them can abort that process (seen once in CI as SIGABRT)
-    dist.barrier()
-    dist.destroy_process_group()
-    # results are written: skip the interpreter's teardown, where gloo's C++ threads can abort the
-    # process after a clean run (spawn then reports a signal instead of exit code 0)
-    os._exit(0)
+    end_spawned_rank()
 
 
 @pytest.mark.slow
