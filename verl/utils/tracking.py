@@ -33,6 +33,10 @@ CONSOLE_KEYS = (
     ("actor/reward_kl_penalty", "kl_pen"),
     ("response_length/mean", "resp_len"),
     ("reward/score_errors", "score_err"),
+    ("train/loss", "loss"),  # sft_trainer
+    ("val/loss", "val_loss"),
+    ("train/grad_norm", "grad_norm"),
+    ("train/lr", "lr"),
     ("perf/time_per_step", "s/step"),
 )
 

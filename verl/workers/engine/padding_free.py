@@ -354,8 +354,11 @@ def row_chunks(
     if m < 2 or width < 0:
         return None
     p_mask = attention_mask[:, :width].long()
-    key = torch.cat([input_ids[:, :width] * p_mask, p_mask.to(input_ids.dtype)], dim=-1)
-    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if width == 0:  # no prompt columns (SFT rows are all "response"): every row is its own group
+        inverse = torch.arange(m, device=input_ids.device)
+    else:
+        key = torch.cat([input_ids[:, :width] * p_mask, p_mask.to(input_ids.dtype)], dim=-1)
+        _, inverse = torch.unique(key, dim=0, return_inverse=True)
     u = int(inverse.max()) + 1
     rows = torch.arange(m, device=inverse.device)
     first = torch.full((u,), m, dtype=torch.long, device=inverse.device).scatter_reduce(0, inverse, rows, reduce="amin")

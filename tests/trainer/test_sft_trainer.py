@@ -1,0 +1,307 @@
+"""`verl.trainer.sft_trainer` (upstream main's SFT entry point): the loss against a hand computation,
+exact micro-batching, checkpoints, exact resume (mid-epoch and at an epoch boundary; one process
+here, two under torchrun in the slow lane), LoRA, and the config checks."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import build_tiny_model, save_model_dir
+
+from verl.utils.dataset.toy_tasks import AdditionTask, addition_sft_row, generate_addition_problems
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, embedded_tokenizer):
+    return save_model_dir(build_tiny_model(embedded_tokenizer), embedded_tokenizer, tmp_path_factory.mktemp("m"))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """64 training rows (4 steps per epoch at batch 16) and 16 validation rows; single-turn
+    prompt/response rows and the same problems as `messages` conversations."""
+    out = tmp_path_factory.mktemp("data")
+    probs = generate_addition_problems(AdditionTask(1, 2), 80, seed=0, split="sft")
+    rows = [addition_sft_row(a, b, "sft", i) for i, (a, b) in enumerate(probs)]
+    conv = [{"messages": [*r["prompt"], {"role": "assistant", "content": r["response"]}]} for r in rows]
+    paths = {}
+    for name, part in (("train", slice(0, 64)), ("val", slice(64, 80))):
+        paths[name] = str(out / f"{name}.parquet")
+        pq.write_table(pa.Table.from_pylist(rows[part]), paths[name])
+        paths[f"{name}_messages"] = str(out / f"{name}_messages.parquet")
+        pq.write_table(pa.Table.from_pylist(conv[part]), paths[f"{name}_messages"])
+    return paths
+
+
+def compose(model_dir, data, out_dir, *overrides):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    base = [
+        f"data.train_files={data['train']}",
+        f"data.val_files={data['val']}",
+        f"model.path={model_dir}",
+        f"trainer.default_local_dir={out_dir}",
+        "trainer.device=cpu",
+        "trainer.logger=[console]",
+        "data.train_batch_size=16",
+        "data.micro_batch_size_per_gpu=4",
+        "data.use_dynamic_bsz=False",
+        "data.num_workers=0",
+        "model.enable_gradient_checkpointing=False",
+        "optim.lr=1e-2",
+    ]
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return hydra_compose(config_name="sft_trainer_engine", overrides=base + list(overrides))
+
+
+@pytest.fixture
+def process_group():
+    from verl.trainer.fsdp_sft_trainer import init_process_group
+
+    torch.set_num_threads(1)
+    created = init_process_group("cpu")
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(path, "huggingface", "model.safetensors"))
+
+
+def _run(cfg, stop_at=None, chunk_tokens=None):
+    """Train a fresh (or resumed) SFTTrainer; `stop_at`: stop after that step as a killed run
+    would (its checkpoint is the last thing it wrote); `chunk_tokens`: the engine's CPU chunk
+    budget (forward + backward per chunk of rows). Returns (trainer, {step: loss})."""
+    from verl.trainer.sft_trainer import SFTTrainer
+
+    trainer = SFTTrainer(cfg)
+    if chunk_tokens is not None:
+        trainer.engine.chunk_tokens = chunk_tokens
+    if stop_at is None:
+        trainer.fit()
+    else:
+        while trainer.global_step < stop_at:
+            for batch in trainer.train_loader:
+                trainer._step(batch, None)
+                if trainer.global_step >= stop_at:
+                    break
+    return trainer, {h["step"]: h["train/loss"] for h in trainer.history}
+
+
+def test_loss_is_the_token_mean_nll_of_the_assistant_tokens(tmp_path, model_dir, data, process_group):
+    """The first step's loss equals the NLL of the trained tokens computed by hand with the
+    untouched Hugging Face model; micro-batches of 2 rows, of 16 and a token budget agree."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.trainer.sft_trainer import SFTTrainer
+
+    cfg = compose(model_dir, data, tmp_path / "a", "trainer.total_training_steps=1", "data.micro_batch_size_per_gpu=2")
+    trainer = SFTTrainer(cfg)
+    batch = next(iter(trainer.train_loader))
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none")
+    mask = batch["loss_mask"][:, 1:]  # loss_mask[t] marks token t, predicted by the logits at t - 1
+    expected = float((nll * mask).sum() / mask.sum())
+    metrics = trainer.training_step(batch)
+    assert metrics["train/loss"] == pytest.approx(expected, rel=1e-5)
+    assert metrics["train/trained_tokens"] == int(mask.sum())
+    weights = {}
+    variants = {
+        "m2": ([], None),
+        "m16": (["data.micro_batch_size_per_gpu=16"], None),
+        "dyn": (["data.use_dynamic_bsz=True", "data.max_token_len_per_gpu=40"], None),
+        "chunked": (["data.micro_batch_size_per_gpu=16"], 40),
+    }
+    for name, (extra, chunk) in variants.items():
+        out = tmp_path / name
+        trainer, losses = _run(
+            compose(model_dir, data, out, "trainer.total_training_steps=2", *extra), chunk_tokens=chunk
+        )
+        weights[name] = (_weights(out / "global_step_2"), losses)
+    for name in ("m16", "dyn", "chunked"):
+        assert weights[name][1] == pytest.approx(weights["m2"][1], rel=1e-5)
+        for k, v in weights["m2"][0].items():
+            torch.testing.assert_close(weights[name][0][k], v, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "total,half", [pytest.param(6, 3, marks=pytest.mark.slow), (8, 4)], ids=["mid_epoch", "epoch_boundary"]
+)
+def test_resume_is_exact(tmp_path, model_dir, data, process_group, total, half):
+    """N steps straight == N/2 steps, a restart from the checkpoint, N/2 more (loss of every step
+    and final weights, bit for bit), with warm-up and a cosine schedule over N steps."""
+    sched = [
+        f"trainer.total_training_steps={total}",
+        "optim.lr_warmup_steps_ratio=0.25",
+        "optim.lr_scheduler_type=cosine",
+    ]
+    _, straight = _run(compose(model_dir, data, tmp_path / "straight", *sched))
+    out = tmp_path / "resumed"
+    _, first = _run(compose(model_dir, data, out, *sched, f"trainer.save_freq={half}"), stop_at=half)
+    assert (out / "latest_checkpointed_iteration.txt").read_text() == str(half)
+    trainer, second = _run(compose(model_dir, data, out, *sched, f"trainer.save_freq={half}"))
+    assert sorted(second) == list(range(half + 1, total + 1))  # continued, nothing repeated or skipped
+    assert {**first, **second} == straight
+    final, ref = _weights(out / f"global_step_{total}"), _weights(tmp_path / "straight" / f"global_step_{total}")
+    assert final.keys() == ref.keys() and all(torch.equal(final[k], ref[k]) for k in ref)
+    # a finished run resumed again trains nothing and exits
+    again, rest = _run(compose(model_dir, data, out, *sched))
+    assert rest == {} and again.global_step == total
+    again.world_size = 2  # the data position depends on the number of processes
+    with pytest.raises(ValueError, match="written by 1 processes and this run has 2"):
+        again.checkpointer.load()
+
+
+@pytest.mark.slow
+def test_checkpoint_layout_loads_and_damage_falls_back(tmp_path, model_dir, data, process_group, caplog):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "o"
+    _run(
+        compose(
+            model_dir,
+            data,
+            out,
+            "trainer.total_training_steps=4",
+            "trainer.save_freq=2",
+            f"data.train_files={data['train_messages']}",
+            f"data.val_files={data['val_messages']}",
+        )
+    )
+    step = out / "global_step_4"
+    assert {p.name for p in step.iterdir()} >= {
+        "huggingface",
+        "optim.pt",
+        "extra_state_world_size_1_rank_0.pt",
+        "data_0.pt",
+        "trainer_state.pt",
+        "manifest.json",
+    }
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp")]
+    AutoModelForCausalLM.from_pretrained(step / "huggingface")
+    AutoTokenizer.from_pretrained(step / "huggingface")
+    (step / "optim.pt").write_bytes(b"garbage")  # the newest checkpoint is damaged: resume uses step 2
+    trainer, losses = _run(
+        compose(
+            model_dir,
+            data,
+            out,
+            "trainer.total_training_steps=4",
+            "trainer.save_freq=2",
+            f"data.train_files={data['train_messages']}",
+            f"data.val_files={data['val_messages']}",
+        )
+    )
+    assert sorted(losses) == [3, 4] and "damaged" in caplog.text
+
+
+@pytest.mark.slow
+def test_lora_trains_the_adapter_and_resumes_it(tmp_path, model_dir, data, process_group):
+    pytest.importorskip("peft")
+    lora = ["model.lora_rank=4", "model.lora_alpha=8", "trainer.total_training_steps=4"]
+    _, straight = _run(compose(model_dir, data, tmp_path / "s", *lora))
+    out = tmp_path / "r"
+    _run(compose(model_dir, data, out, *lora, "trainer.save_freq=2"), stop_at=2)
+    _, second = _run(compose(model_dir, data, out, *lora, "trainer.save_freq=2"))
+    assert second == {k: v for k, v in straight.items() if k > 2}
+    assert (out / "global_step_4" / "lora_adapter" / "adapter_model.safetensors").exists()
+    merged, base = _weights(out / "global_step_4"), _weights(tmp_path / "s" / "global_step_4")
+    assert all(torch.equal(merged[k], base[k]) for k in base)
+
+
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("engine.strategy=megatron", "the megatron engine is not available here; use engine=fsdp"),
+        ("engine.ulysses_sequence_parallel_size=2", "Ulysses sequence parallelism is not available"),
+        ("model.use_liger=True", "model.use_liger=True: liger kernels is not available"),
+        ("profiler.enable=True", "profiler.enable=True"),
+        ("trainer.resume_mode=sometimes", "trainer.resume_mode='sometimes' must be auto, disable or resume_path"),
+        ("trainer.save_freq=often", "trainer.save_freq='often' must be an integer"),
+        ("data.micro_batch_size_per_gpu=3", "data.micro_batch_size_per_gpu=3 must divide the per-process batch 16"),
+    ],
+)
+def test_what_cannot_run_fails_before_training_naming_the_key(
+    tmp_path, model_dir, data, process_group, override, match
+):
+    from verl.trainer.sft_trainer import SFTTrainer, run_sft
+
+    cfg = compose(model_dir, data, tmp_path / "x", override)
+    with pytest.raises(ValueError, match=match):
+        run_sft(cfg) if "micro" not in override and "save_freq" not in override else SFTTrainer(cfg)
+
+
+def test_other_engines_on_the_command_line_are_named():
+    from verl.trainer.sft_trainer import _refuse_other_engines
+
+    with pytest.raises(SystemExit, match="engine=megatron: the megatron engine is not available in this verl"):
+        _refuse_other_engines(["data.train_files=x", "engine=megatron"])
+    _refuse_other_engines(["engine=fsdp", "optim=fsdp"])
+
+
+# ------------------------------------------------------------------------------------------ slow lane
+def _torchrun(nproc, args, env=None):
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "verl.trainer.sft_trainer",
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    return proc
+
+
+def _losses(stdout):
+    return {
+        int(ln.split()[1]): float(ln.split("| loss ")[1].split()[0])
+        for ln in stdout.splitlines()
+        if ln.startswith("step ") and "| loss " in ln
+    }
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_resume_exactly(tmp_path, model_dir, data):
+    """Two ranks (gloo): 6 straight steps == 3 + resume + 3 (mid-epoch), losses and weights; and
+    the same losses as one process (the global batches are the same rows)."""
+    common = [
+        f"data.train_files={data['train_messages']}",
+        f"data.val_files={data['val_messages']}",
+        f"model.path={model_dir}",
+        "trainer.device=cpu",
+        "trainer.logger=[console]",
+        "data.train_batch_size=16",
+        "data.micro_batch_size_per_gpu=4",
+        "data.num_workers=0",
+        "optim.lr=1e-2",
+        "optim.lr_warmup_steps=2",
+    ]
+    straight = _torchrun(2, [*common, f"trainer.default_local_dir={tmp_path / 's'}", "trainer.total_training_steps=6"])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    out = tmp_path / "r"
+    first = _torchrun(2, [*common, f"trainer.default_local_dir={out}", "trainer.total_training_steps=3"])
+    second = _torchrun(2, [*common, f"trainer.default_local_dir={out}", "trainer.total_training_steps=6"])
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr + second.stderr)[-3000:]
+    assert sorted(_losses(second.stdout)) == [4, 5, 6]
+    assert {**_losses(first.stdout), **_losses(second.stdout)} == _losses(straight.stdout)
+    a, b = _weights(out / "global_step_6"), _weights(tmp_path / "s" / "global_step_6")
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    assert (out / "global_step_6" / "data_1.pt").exists()
