@@ -16,6 +16,8 @@ Steps (all seeded, all offline, a few minutes on a 2-core CPU):
    the warm-up (disjoint problem sets; test excludes every train problem).
 4. warm-up: a short supervised run of `verl.trainer.fsdp_sft_trainer` (world size 1) so that RL starts
    from a policy that is sometimes right; the result (model + tokenizer) goes to `model/`.
+   `--sft_trainer sft_trainer` runs the same warm-up with `verl.trainer.sft_trainer` (upstream
+   main's entry point); `--write_init DIR` writes only the random init and prints that command.
 5. evaluation: greedy accuracy, sampled (T=1) mean accuracy and pass@k on the test split, written to
    `build_info.json` together with all build arguments and artifact sizes.
 
@@ -23,6 +25,7 @@ Usage:
     python scripts/build_embedded_default.py                       # rebuild verl/assets/embedded_default
     python scripts/build_embedded_default.py --output_dir /tmp/ed --hidden_size 32 --num_layers 1 \
         --sft_steps 5 --n_train 64 --n_test 32 --n_sft_train 64 --n_sft_val 16   # smoke test
+    python scripts/build_embedded_default.py --write_init /tmp/warmup  # then run the printed command
 """
 
 from __future__ import annotations
@@ -256,16 +259,37 @@ def write_sft_data(
     return {k: str(v) for k, v in paths.items()}
 
 
-def run_warmup(
-    init_dir: Path, sft_paths: dict[str, str], work_dir: Path, args, multiturn: bool = False
-) -> tuple[str, dict]:
-    """Run verl.trainer.fsdp_sft_trainer (one process) from the random init; returns (model dir, result).
-    `multiturn`: rows are `messages` conversations, trained on the assistant turns only."""
-    from hydra import compose, initialize_config_module
-
-    from verl.trainer.fsdp_sft_trainer import run_sft
-
-    overrides = [
+def warmup_overrides(init_dir, sft_paths: dict, work_dir, args, multiturn: bool = False) -> list[str]:
+    """The warm-up's Hydra overrides for `verl.trainer.fsdp_sft_trainer` (config `sft_trainer`,
+    what built the shipped assets) or, with `args.sft_trainer == "sft_trainer"`, the same run in
+    the keys of `verl.trainer.sft_trainer` (config `sft_trainer_engine`)."""
+    if getattr(args, "sft_trainer", "fsdp_sft_trainer") == "sft_trainer":
+        return [
+            f"data.train_files={sft_paths['sft_train']}",
+            f"data.val_files={sft_paths['sft_val']}",
+            f"model.path={init_dir}",
+            f"data.max_length={args.max_length}",
+            f"data.train_batch_size={args.sft_batch_size}",
+            f"data.micro_batch_size_per_gpu={args.sft_batch_size}",
+            "data.use_dynamic_bsz=False",
+            "data.num_workers=0",
+            "model.enable_gradient_checkpointing=False",
+            f"engine.seed={args.seed}",
+            f"optim.lr={args.sft_lr}",
+            "optim.betas=[0.9,0.95]",
+            "optim.weight_decay=0.01",
+            f"optim.lr_warmup_steps_ratio={args.sft_warmup_ratio}",
+            "optim.lr_scheduler_type=cosine",
+            f"optim.min_lr_ratio={args.sft_min_lr_ratio}",
+            f"trainer.default_local_dir={Path(work_dir) / 'sft_ckpt'}",
+            f"trainer.total_training_steps={args.sft_steps}",
+            "trainer.total_epochs=1000",
+            f"trainer.seed={args.seed}",
+            f"trainer.test_freq={max(1, args.sft_steps // 4)}",
+            "trainer.device=cpu",
+            "trainer.logger=[console]",
+        ]
+    return [
         f"data.train_files={sft_paths['sft_train']}",
         f"data.val_files={sft_paths['sft_val']}",
         *(
@@ -284,7 +308,7 @@ def run_warmup(
         f"optim.warmup_steps_ratio={args.sft_warmup_ratio}",
         "optim.lr_scheduler=cosine",
         f"optim.min_lr_ratio={args.sft_min_lr_ratio}",
-        f"trainer.default_local_dir={work_dir / 'sft_ckpt'}",
+        f"trainer.default_local_dir={Path(work_dir) / 'sft_ckpt'}",
         f"trainer.total_training_steps={args.sft_steps}",
         "trainer.total_epochs=1000",
         f"trainer.seed={args.seed}",
@@ -293,8 +317,27 @@ def run_warmup(
         "trainer.device=cpu",
         f"trainer.torch_threads={args.threads}",
     ]
+
+
+def run_warmup(
+    init_dir: Path, sft_paths: dict[str, str], work_dir: Path, args, multiturn: bool = False
+) -> tuple[str, dict]:
+    """Run the warm-up SFT (one process) from the random init; returns (model dir, result).
+    `multiturn`: rows are `messages` conversations, trained on the assistant turns only."""
+    from hydra import compose, initialize_config_module
+
+    overrides = warmup_overrides(init_dir, sft_paths, work_dir, args, multiturn)
+    new = getattr(args, "sft_trainer", "fsdp_sft_trainer") == "sft_trainer"
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        cfg = compose(config_name="sft_trainer", overrides=overrides)
+        cfg = compose(config_name="sft_trainer_engine" if new else "sft_trainer", overrides=overrides)
+    if new:
+        from verl.trainer.sft_trainer import run_sft
+
+        result = run_sft(cfg)
+        result["skipped_steps"] = 0
+        return os.path.join(result["final_checkpoint"], "huggingface"), result
+    from verl.trainer.fsdp_sft_trainer import run_sft
+
     result = run_sft(cfg)
     return result["final_checkpoint"], result
 
@@ -441,6 +484,18 @@ def parse_args(argv=None):
     p.add_argument("--sft_warmup_ratio", type=float, default=0.05)
     p.add_argument("--sft_min_lr_ratio", type=float, default=0.1)
     p.add_argument("--max_length", type=int, default=24, help="SFT sequence length (prompt + response tokens)")
+    p.add_argument(
+        "--sft_trainer",
+        choices=("fsdp_sft_trainer", "sft_trainer"),
+        default="fsdp_sft_trainer",
+        help="entry point of the warm-up (the shipped assets were built with fsdp_sft_trainer)",
+    )
+    p.add_argument(
+        "--write_init",
+        metavar="DIR",
+        help="only write the tokenizer + random-init model to DIR/init and print the sft_trainer command "
+        "that trains the warm-up on the shipped SFT data",
+    )
     # evaluation
     p.add_argument("--eval_samples", type=int, default=8, help="samples per prompt for sampled accuracy / pass@k")
     p.add_argument("--eval_max_new_tokens", type=int, default=8)
@@ -531,6 +586,21 @@ def addition_build_info(
     }
 
 
+def write_init_and_command(args) -> str:
+    """`--write_init DIR`: the random init in DIR/init and the command that trains the warm-up
+    with `verl.trainer.sft_trainer` on the shipped `sft/` data (returned and printed)."""
+    import shlex
+
+    _, _, init_dir = save_addition_init(args, Path(args.write_init))
+    shipped = REPO_ROOT / "verl" / "assets" / "embedded_default" / "sft"
+    paths = {"sft_train": shipped / "train.parquet", "sft_val": shipped / "val.parquet"}
+    args.sft_trainer = "sft_trainer"
+    overrides = warmup_overrides(init_dir, paths, Path(args.write_init), args)
+    command = " ".join(["python -m verl.trainer.sft_trainer", *(shlex.quote(o) for o in overrides)])
+    print(command)
+    return command
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import tempfile
@@ -538,6 +608,8 @@ def main(argv=None) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.write_init:
+        return {"command": write_init_and_command(args)}
     out = Path(args.output_dir).resolve()
     task = AdditionTask(args.min_digits, args.max_digits)
     t_start = time.time()

@@ -305,3 +305,131 @@ def test_torchrun_two_processes_resume_exactly(tmp_path, model_dir, data):
     a, b = _weights(out / "global_step_6"), _weights(tmp_path / "s" / "global_step_6")
     assert all(torch.equal(a[k], b[k]) for k in b)
     assert (out / "global_step_6" / "data_1.pt").exists()
+
+
+# upstream main's examples/sft scripts (engine=fsdp): their keys, with local paths and a short run
+UPSTREAM_SFT_SCRIPTS = {
+    "gsm8k/run_qwen2_5_0_5b_fsdp.sh": [
+        "data.messages_key=messages",
+        "data.micro_batch_size_per_gpu=4",
+        "optim.lr=1e-4",
+        "engine=fsdp",
+        "engine.ulysses_sequence_parallel_size=1",
+        "model.use_remove_padding=true",
+        "trainer.project_name=gsm8k-sft",
+        "trainer.experiment_name=gsm8k-sft-qwen2_5_0_5b",
+        "trainer.total_epochs=1",
+    ],
+    "gsm8k/run_qwen3_8b_fsdp.sh": [
+        "data.micro_batch_size_per_gpu=64",
+        "data.messages_key=messages",
+        "data.ignore_input_ids_mismatch=True",
+        "optim.lr=1e-4",
+        "engine=fsdp",
+        "engine.ulysses_sequence_parallel_size=2",
+        "model.use_remove_padding=true",
+        "trainer.total_epochs=2",
+        "model.lora_rank=32",
+        "model.lora_alpha=16",
+        "model.target_modules=all-linear",
+    ],
+    "gsm8k/run_gemma_2b_fsdp.sh": [
+        "data.messages_key=messages",
+        "data.micro_batch_size_per_gpu=4",
+        "optim.lr=1e-4",
+        "engine=fsdp",
+        "trainer.total_epochs=2",
+    ],
+    "gsm8k/run_seed_oss_36b_fsdp.sh": [
+        "data.micro_batch_size_per_gpu=4",
+        "optim.lr=1e-4",
+        "engine=fsdp",
+        "engine.ulysses_sequence_parallel_size=2",
+        "model.use_remove_padding=true",
+        "trainer.total_training_steps=1",
+    ],
+    "multiturn/run_qwen2_5_0_5b_fsdp.sh": [
+        "data.messages_key=messages",
+        "data.micro_batch_size_per_gpu=4",
+        "model.use_remove_padding=true",
+        "engine=fsdp",
+        "engine.ulysses_sequence_parallel_size=1",
+        "trainer.total_training_steps=1",
+    ],
+}
+
+
+@pytest.mark.parametrize("script", sorted(UPSTREAM_SFT_SCRIPTS))
+def test_upstream_sft_scripts_compose_and_pass_or_name_the_missing_feature(script, model_dir, data, tmp_path):
+    """Each script's keys compose with our config; the checks pass, or name what is missing
+    (Ulysses sequence parallelism in the scripts that ask for it)."""
+    from verl.trainer.sft_config import check_sft_config
+
+    cfg = compose(model_dir, data, tmp_path, *UPSTREAM_SFT_SCRIPTS[script])
+    if "engine.ulysses_sequence_parallel_size=2" in UPSTREAM_SFT_SCRIPTS[script]:
+        with pytest.raises(ValueError, match="Ulysses sequence parallelism is not available"):
+            check_sft_config(cfg)
+    else:
+        check_sft_config(cfg)
+
+
+@pytest.mark.slow
+def test_upstream_sft_script_runs_under_torchrun_and_megatron_is_named(tmp_path, model_dir, data):
+    """gsm8k/run_qwen2_5_0_5b_fsdp.sh's command line with local paths (upstream's defaults for
+    everything it does not set: dynamic batch size, 8 loader workers, gradient checkpointing), two
+    steps; the megatron script stops before anything starts, naming the engine."""
+    local = [
+        f"data.train_files={data['train_messages']}",
+        f"data.val_files={data['val_messages']}",
+        f"model.path={model_dir}",
+        f"trainer.default_local_dir={tmp_path / 'out'}",
+        "trainer.logger=[console]",
+        "data.train_batch_size=16",
+        "data.num_workers=2",
+        "trainer.total_training_steps=2",
+    ]
+    proc = _torchrun(1, [*UPSTREAM_SFT_SCRIPTS["gsm8k/run_qwen2_5_0_5b_fsdp.sh"], *local])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(_losses(proc.stdout)) == [1, 2] and "val_loss" in proc.stdout
+    assert (tmp_path / "out" / "global_step_2" / "huggingface" / "model.safetensors").exists()
+    megatron = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.sft_trainer", "engine=megatron", "optim=megatron", *local],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert megatron.returncode != 0 and "the megatron engine is not available in this verl" in megatron.stderr
+
+
+@pytest.mark.slow
+def test_embedded_warmup_command_reproduces_the_old_trainer(tmp_path):
+    """The command `build_embedded_default.py --write_init` prints trains the embedded default's
+    warm-up with sft_trainer: the same losses as fsdp_sft_trainer (what built the shipped model)."""
+    import shlex
+
+    from conftest import load_build_script
+
+    build = load_build_script()
+    args = build.parse_args(["--write_init", str(tmp_path), "--sft_steps", "3"])
+    command = build.write_init_and_command(args)
+    argv = shlex.split(command)[3:] + [f"trainer.default_local_dir={tmp_path / 'new'}"]
+    new = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.sft_trainer", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert new.returncode == 0, new.stderr[-3000:]
+    shipped = ROOT / "verl" / "assets" / "embedded_default" / "sft"
+    old_args = build.parse_args(["--sft_steps", "3"])
+    _, old = build.run_warmup(
+        tmp_path / "init",
+        {"sft_train": str(shipped / "train.parquet"), "sft_val": str(shipped / "val.parquet")},
+        tmp_path / "old",
+        old_args,
+    )
+    old_losses = {h["step"]: h["train/loss"] for h in old["history"]}
+    assert _losses(new.stdout) == pytest.approx(old_losses, rel=1e-3)
