@@ -113,8 +113,12 @@ def _get(cfg: dict, dotted: str):
     return cfg
 
 
+# recipes that chain several entry points (tested on their own below)
+PIPELINES = {"sft_rl_eval"}
+
+
 def test_every_recipe_is_covered():
-    shipped = {p.stem for p in RECIPES.glob("*.sh")}
+    shipped = {p.stem for p in RECIPES.glob("*.sh")} - PIPELINES
     assert shipped == set(EXPECTED), (
         f"recipes without a test entry: {shipped - set(EXPECTED)}; stale entries: {set(EXPECTED) - shipped}"
     )
@@ -148,3 +152,48 @@ def test_recipe_runs_one_step(name, tmp_path, ray_session):
     assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
     missing = [m for m in want_metrics if m not in metrics]
     assert not missing, f"{name}.sh did not report {missing}"
+
+
+@pytest.mark.slow
+def test_sft_rl_eval_recipe_evaluation_equals_the_last_validation(tmp_path):
+    """recipes/sft_rl_eval.sh (briefly: SFT from the shipped warm-up for 5 steps, 1 RL step):
+    main_generation_server + main_eval on the test split give the RL run's last validation accuracy
+    (greedy), and every response equals the validation's response to the same prompt."""
+    out = tmp_path / "pipe"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "SFT_STEPS": "5",
+        "RL_STEPS": "1",
+        "SFT_INIT": str(REPO / "verl" / "assets" / "embedded_default" / "model"),
+        "SFT_ARGS": "optim.lr=1e-5",
+        "VERL_FILE_LOGGER_PATH": str(tmp_path / "metrics.jsonl"),
+        "PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+    }
+    env.pop("RAY_ADDRESS", None)  # the recipe's RL run is a one-worker job: no Ray needed
+    proc = subprocess.run(
+        ["bash", str(RECIPES / "sft_rl_eval.sh"), f"trainer.validation_data_dir={tmp_path / 'val'}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    evaluation = json.loads((out / "eval.json").read_text().strip().splitlines()[-1])
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    val = [
+        r["data"]["val-core/verl_toy/addition/reward/mean@1"]
+        for r in records
+        if "val-core/verl_toy/addition/reward/mean@1" in r["data"]
+    ]
+    assert val and evaluation["test_score/verl_toy/addition"] == pytest.approx(val[-1], abs=1e-6)
+    assert evaluation["test_score/verl_toy/addition"] > 0  # the comparison is not 0 == 0
+    import pyarrow.parquet as pq
+
+    generated = {
+        row["prompt"][0]["content"]: row["responses"][0] for row in pq.read_table(out / "gen_test.parquet").to_pylist()
+    }
+    validated = [json.loads(line) for line in (tmp_path / "val" / "1.jsonl").read_text().splitlines()]
+    assert len(validated) == len(generated) and all(generated[v["input"]] == v["output"] for v in validated)
