@@ -245,6 +245,19 @@ def test_what_cannot_run_fails_before_training_naming_the_key(
         run_sft(cfg) if "micro" not in override and "save_freq" not in override else SFTTrainer(cfg)
 
 
+def test_a_logger_that_is_not_installed_is_named_before_anything_is_built(tmp_path, model_dir, data):
+    import importlib.util
+
+    from verl.trainer.sft_trainer import run_sft
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed")
+    cfg = compose(model_dir, data, tmp_path / "x", "trainer.logger=[console,wandb]")  # upstream's default
+    with pytest.raises(ImportError, match="trainer.logger includes 'wandb' but the package 'wandb' is not installed"):
+        run_sft(cfg)
+    assert not (tmp_path / "x").exists()
+
+
 def test_other_engines_on_the_command_line_are_named():
     from verl.trainer.sft_trainer import _refuse_other_engines
 
@@ -280,8 +293,9 @@ def _losses(stdout):
 
 @pytest.mark.slow
 def test_torchrun_two_processes_resume_exactly(tmp_path, model_dir, data):
-    """Two ranks (gloo): 6 straight steps == 3 + resume + 3 (mid-epoch), losses and weights; and
-    the same losses as one process (the global batches are the same rows)."""
+    """Two ranks (gloo), 4 steps per epoch: 8 straight steps == 3 + resume (mid-epoch) + 1 +
+    resume (at the epoch boundary) + 4, losses and final weights. (A constant schedule after a
+    fixed warm-up, so that stopping early is the only difference between the runs.)"""
     common = [
         f"data.train_files={data['train_messages']}",
         f"data.val_files={data['val_messages']}",
@@ -294,17 +308,19 @@ def test_torchrun_two_processes_resume_exactly(tmp_path, model_dir, data):
         "optim.lr=1e-2",
         "optim.lr_warmup_steps=2",
     ]
-    straight = _torchrun(2, [*common, f"trainer.default_local_dir={tmp_path / 's'}", "trainer.total_training_steps=6"])
+    straight = _torchrun(2, [*common, f"trainer.default_local_dir={tmp_path / 's'}", "trainer.total_training_steps=8"])
     assert straight.returncode == 0, straight.stderr[-3000:]
     out = tmp_path / "r"
-    first = _torchrun(2, [*common, f"trainer.default_local_dir={out}", "trainer.total_training_steps=3"])
-    second = _torchrun(2, [*common, f"trainer.default_local_dir={out}", "trainer.total_training_steps=6"])
-    assert first.returncode == 0 and second.returncode == 0, (first.stderr + second.stderr)[-3000:]
-    assert sorted(_losses(second.stdout)) == [4, 5, 6]
-    assert {**_losses(first.stdout), **_losses(second.stdout)} == _losses(straight.stdout)
-    a, b = _weights(out / "global_step_6"), _weights(tmp_path / "s" / "global_step_6")
+    losses = {}
+    for total, expected in ((3, [1, 2, 3]), (4, [4]), (8, [5, 6, 7, 8])):
+        proc = _torchrun(2, [*common, f"trainer.default_local_dir={out}", f"trainer.total_training_steps={total}"])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert sorted(_losses(proc.stdout)) == expected
+        losses.update(_losses(proc.stdout))
+    assert losses == _losses(straight.stdout)
+    a, b = _weights(out / "global_step_8"), _weights(tmp_path / "s" / "global_step_8")
     assert all(torch.equal(a[k], b[k]) for k in b)
-    assert (out / "global_step_6" / "data_1.pt").exists()
+    assert (out / "global_step_8" / "data_1.pt").exists()
 
 
 # upstream main's examples/sft scripts (engine=fsdp): their keys, with local paths and a short run

@@ -103,6 +103,10 @@ def check_sft_config(config, world_size: int | None = None, num_train: int | Non
     profile = list(tr.get("profile_interval") or [-1, -1])
     if len(profile) != 2 or profile[0] >= 0:
         raise ValueError(f"trainer.profile_interval={profile}: profiling is not available in sft_trainer here")
+    from verl.utils.tracking import check_backends_available
+
+    loggers = tr.get("logger") or []
+    check_backends_available([loggers] if isinstance(loggers, str) else list(loggers))  # wandb missing: now
     if int(config.data.num_workers) < 0:
         raise ValueError(f"data.num_workers={config.data.num_workers} must be >= 0")
     if world_size is None:
