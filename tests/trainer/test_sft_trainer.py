@@ -449,3 +449,26 @@ def test_embedded_warmup_command_reproduces_the_old_trainer(tmp_path):
     )
     old_losses = {h["step"]: h["train/loss"] for h in old["history"]}
     assert _losses(new.stdout) == pytest.approx(old_losses, rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("asset", ["embedded_default", "embedded_calculator"])
+def test_validation_loss_of_the_shipped_warmups_equals_the_build_record(asset, tmp_path, process_group):
+    """The shipped models are the final checkpoints of fsdp_sft_trainer warm-ups, whose last
+    validation loss build_info.json records: sft_trainer's loss on the same validation data
+    (single-turn addition rows; multi-turn calculator conversations with tool turns) is the same."""
+    import json
+
+    from verl.trainer.sft_trainer import SFTTrainer
+
+    root = ROOT / "verl" / "assets" / asset
+    info = json.loads((root / "build_info.json").read_text())["sft"]
+    cfg = compose(
+        root / "model",
+        {"train": root / "sft" / "val.parquet", "val": root / "sft" / "val.parquet"},
+        tmp_path,
+        "data.train_batch_size=16",
+        "data.use_dynamic_bsz=True",
+        "trainer.total_training_steps=1",
+    )
+    assert SFTTrainer(cfg).validation_loss() == pytest.approx(info["final_val_loss"], rel=1e-4)
