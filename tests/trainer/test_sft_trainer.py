@@ -242,7 +242,7 @@ def test_what_cannot_run_fails_before_training_naming_the_key(
 
     cfg = compose(model_dir, data, tmp_path / "x", override)
     with pytest.raises(ValueError, match=match):
-        run_sft(cfg) if "micro" not in override and "save_freq" not in override else SFTTrainer(cfg)
+        run_sft(cfg) if "micro" not in override else SFTTrainer(cfg)
 
 
 def test_a_logger_that_is_not_installed_is_named_before_anything_is_built(tmp_path, model_dir, data):

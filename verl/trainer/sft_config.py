@@ -100,6 +100,8 @@ def check_sft_config(config, world_size: int | None = None, num_train: int | Non
         raise ValueError(f"trainer.resume_mode={tr.resume_mode!r} must be auto, disable or resume_path")
     if tr.get("resume_mode") == "resume_path" and not tr.get("resume_from_path"):
         raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)")
+    for key in ("save_freq", "test_freq"):
+        resolve_freq(tr.get(key, -1), f"trainer.{key}", 1)
     profile = list(tr.get("profile_interval") or [-1, -1])
     if len(profile) != 2 or profile[0] >= 0:
         raise ValueError(f"trainer.profile_interval={profile}: profiling is not available in sft_trainer here")
