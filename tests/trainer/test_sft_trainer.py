@@ -472,3 +472,36 @@ def test_validation_loss_of_the_shipped_warmups_equals_the_build_record(asset, t
         "trainer.total_training_steps=1",
     )
     assert SFTTrainer(cfg).validation_loss() == pytest.approx(info["final_val_loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_custom_dataset_class_retention_and_the_checkpoint_copy(tmp_path, model_dir, data, process_group):
+    """`data.custom_cls`, `trainer.max_ckpt_to_keep` and `trainer.default_hdfs_dir` (a mounted copy)."""
+    user = tmp_path / "my_dataset.py"
+    user.write_text(
+        "from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset\n"
+        "class Half(MultiTurnSFTDataset):\n"
+        "    def __len__(self):\n"
+        "        return super().__len__() // 2\n"
+    )
+    out, copy = tmp_path / "o", tmp_path / "mounted"
+    trainer, losses = _run(
+        compose(
+            model_dir,
+            data,
+            out,
+            f"data.custom_cls.path={user}",
+            "data.custom_cls.name=Half",
+            "trainer.total_epochs=3",
+            "trainer.save_freq=1",
+            "trainer.max_ckpt_to_keep=2",
+            f"trainer.default_hdfs_dir={copy}",
+        )
+    )
+    assert type(trainer.train_dataset).__name__ == "Half" and trainer.steps_per_epoch == 2  # 32 rows / 16
+    assert sorted(losses) == list(range(1, 7))
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("global_step_")) == [
+        "global_step_5",
+        "global_step_6",
+    ]
+    assert (copy / "global_step_6" / "manifest.json").exists()
