@@ -337,7 +337,20 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
         "config": P,
         "tokenizer": P,
     },
-    "verl.utils.metric": {"reduce_metrics": ["metrics"]},
+    "verl.utils.metric": {"reduce_metrics": ["metrics"], "AggregationType": P, "Metric": P, "utils": P},
+    "verl.utils.metric.utils": {
+        "reduce_metrics": ["metrics"],
+        "AggregationType": P,
+        "NumericType": P,
+        "Numeric": P,
+        "Metric": ["aggregation", "value"],
+        "Metric.append": ["value"],
+        "Metric.extend": ["values"],
+        "Metric.aggregate": [],
+        "Metric.aggregate_dp": ["metric_lists"],
+        "Metric.from_dict": ["data", "aggregation"],
+        "Metric.init_list": [],
+    },
     "verl.utils.groupwise": {
         "as_torch_index": ["index", "device"],
         "group_mean_std": ["scores", "gidx", "eps", "device"],
@@ -538,6 +551,30 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
         "bootstrap_metric": ["data", "subset_size", "reduce_fns", "n_bootstrap", "seed"],
         "calc_maj_val": ["data", "vote_key", "val_key"],
         "process_validation_metrics": ["data_sources", "sample_uids", "infos_dict", "seed"],
+        "logger": P,
+        "get_hf_config_override_kwargs": ["override_config"],
+        "infer_moe_num_experts": ["model_config"],
+        "infer_rollout_moe_num_experts": ["model_config"],
+        "compute_rollout_moe_load_balance_metrics": ["routed_experts", "response_mask", "num_experts", "prefix"],
+        "get_metric_data_with_optional_routed_experts": [
+            "keys",
+            "partition_id",
+            "fields",
+            "moe_lb_metrics_interval",
+            "global_steps",
+            "accumulator",
+            "kv_batch_get",
+        ],
+        "compute_moe_lb_metrics": ["metrics_batch", "moe_lb_metrics_interval", "global_steps", "accumulator"],
+        "RolloutMoELoadBalanceMetricsAccumulator": ["model_config"],
+        "RolloutMoELoadBalanceMetricsAccumulator.should_request_routed_experts": ["global_steps"],
+        "RolloutMoELoadBalanceMetricsAccumulator.defer_routed_experts_retry": ["global_steps", "interval"],
+        "RolloutMoELoadBalanceMetricsAccumulator.warn_skip_once": ["key", "message"],
+        "RolloutMoELoadBalanceMetricsAccumulator.update": ["routed_experts", "response_mask", "num_experts"],
+        "RolloutMoELoadBalanceMetricsAccumulator.compute": ["prefix"],
+        "RolloutMoELoadBalanceMetricsAccumulator.total_assignments": [],
+        "RolloutMoELoadBalanceMetricsAccumulator.reset": [],
+        "RolloutMoELoadBalanceMetricsAccumulator.pop_metrics": ["prefix"],
     },
     "verl.single_controller.base": {
         "Worker": P,
@@ -672,8 +709,8 @@ def positional_problem(module: str, name: str, expected: list[str]) -> str | Non
     parameters with defaults), else what is wrong."""
     obj = _resolve(module, name)
     params = list(inspect.signature(obj.__init__ if inspect.isclass(obj) else obj).parameters.values())
-    if inspect.isclass(obj):
-        params = params[1:]  # self
+    if inspect.isclass(obj) or (params and params[0].name == "self"):
+        params = params[1:]  # self (of a class, or of a method looked up on its class)
     n_positional = KEYWORD_ONLY.get((module, name), len(expected))
     names = [p.name for p in params]
     positional = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
