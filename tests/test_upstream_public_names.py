@@ -351,6 +351,7 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
         "Metric.from_dict": ["data", "aggregation"],
         "Metric.init_list": [],
     },
+    "verl.utils.py_functional": {"append_to_dict": ["data", "new_data", "prefix"]},
     "verl.utils.groupwise": {
         "as_torch_index": ["index", "device"],
         "group_mean_std": ["scores", "gidx", "eps", "device"],
