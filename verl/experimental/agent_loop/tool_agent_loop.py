@@ -36,6 +36,7 @@ from verl.experimental.agent_loop.agent_loop import (
     new_request_id,
     register,
 )
+from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
 
 __all__ = ["ToolAgentLoop", "Trajectory", "truncate_text"]
 
@@ -236,10 +237,14 @@ class ToolAgentLoop(AgentLoopBase):
             return f"Error: arguments are not valid JSON ({exc.msg})", True, 0.0
         kw = tools_kwargs.get(call.name, {}) or {}
         try:
-            if call.name not in instances:
-                iid, _ = await tool.create(None, **kw.get("create_kwargs", {}))
-                instances[call.name] = iid
-            response, _reward, metrics = await tool.execute(instances[call.name], args, **kw.get("execute_kwargs", {}))
+            if isinstance(tool, FunctionTool):  # stateless: no instance to create or release
+                response, _reward, metrics = normalize_function_tool_return(await tool.call(args))
+            else:
+                if call.name not in instances:
+                    iid, _ = await tool.create(None, **kw.get("create_kwargs", {}))
+                    instances[call.name] = iid
+                execute_kwargs = kw.get("execute_kwargs", {})
+                response, _reward, metrics = await tool.execute(instances[call.name], args, **execute_kwargs)
         except Exception as exc:  # noqa: BLE001 - a failing tool is an observation, not a crashed rollout
             return f"Error: tool {call.name!r} raised {type(exc).__name__}: {exc}", True, time.perf_counter() - start
         if response.image is not None or response.video is not None:
