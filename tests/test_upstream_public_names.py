@@ -391,6 +391,57 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
         "ToolResponse.is_empty": [],
         "ToolResponse.is_text_only": [],
     },
+    "verl.experimental.agent_loop.agent_loop": {
+        "AgentLoopMetrics": P,
+        "AgentLoopOutput": ["prompt_ids", "response_ids", "response_mask", "response_logprobs", "num_turns"],
+        "AgentLoopOutput.as_dict": [],
+        "DictConfigWrap": ["config"],
+        "ToolListWrap": ["tools"],
+        "AgentLoopBase": ["trainer_config", "server_manager", "tokenizer", "processor"],
+        "AgentLoopBase.run": ["sampling_params"],
+        "AgentLoopBase.ct_build_initial_tokens": P,
+        "AgentLoopBase.ct_merge_non_assistant_msg": P,
+        "AgentLoopBase.ct_merge_assistant_token": P,
+        "register": ["agent_name"],
+        "AgentLoopWorker": P,
+        "AgentLoopWorker.generate_sequences": ["batch"],
+        "get_trajectory_info": ["step", "index", "validate"],
+        "AgentLoopManager": P,
+    },
+    "verl.experimental.agent_loop.tool_agent_loop": {
+        "logger": P,
+        "AgentState": P,
+        "AgentData": P,
+        "ToolAgentLoop": P,
+        "ToolAgentLoop.run": ["sampling_params"],
+        "ToolAgentLoop._call_tool": ["tool_call", "tools_kwargs", "agent_data"],
+        "ToolAgentLoop._build_assistant_message": ["content", "agent_data"],
+    },
+    "verl.experimental.agent_loop.tool_parser": {
+        "FunctionCall": ["name", "arguments", "tool_call_id"],
+        "ToolParser": ["tokenizer"],
+        "ToolParser.stop_token_ids": P,
+        "ToolParser.extract_tool_calls": ["responses_ids", "tools"],
+        "ToolParser.get_tool_parser": ["name", "tokenizer"],
+        "ToolParser.register": ["name"],
+        "HermesToolParser": ["tokenizer"],
+        "GptOssToolParser": ["tokenizer"],
+        "Qwen3XMLToolParser": ["tokenizer"],
+        "Qwen3XMLToolParser._parse_xml_function_call": ["function_call_str", "tools"],
+        "KimiToolParser": ["tokenizer"],
+        "GLMToolParser": P,
+        "SeedToolParser": P,
+        "MiniMaxToolParser": P,
+        "DeepSeekV4ToolParser": P,
+        "Gemma4ToolParser": P,
+    },
+    "verl.workers.rollout.replica": {
+        "TokenOutput": ["token_ids", "log_probs", "routed_experts", "stop_reason", "num_preempted", "extra_fields"],
+        "RolloutMode": P,
+        "RolloutReplica": P,
+        "RolloutReplicaRegistry": P,
+        "get_rollout_replica_class": P,
+    },
     "verl.utils.groupwise": {
         "as_torch_index": ["index", "device"],
         "group_mean_std": ["scores", "gidx", "eps", "device"],
@@ -662,7 +713,38 @@ _ONE_CHECK = (
     "the config checks have one entry point, verl.trainer.ppo.utils.validate_config(config), which derives "
     "the reference/critic needs itself (utilities must not import the trainer)"
 )
+_SERVER_MODE = "no vLLM/SGLang server replicas: generation servers are in-process (verl.workers.rollout.async_server)"
+_PARSER = "tool-call formats of model families without a text-model use here (GLM, Seed, MiniMax, DeepSeek V4, Gemma 4)"
+_CT = (
+    "no continuous-token builders: trajectories are the prompt render, the generated ids and render diffs of "
+    "observations (verl.experimental.agent_loop.chat.ChatRenderer)"
+)
+_IN_ROLLOUT = (
+    "agent loops run inside the rollout worker (verl.workers.rollout.agent_rollout.AgentRollout calls "
+    "AgentLoopWorker.run(prompts, sampling_params)); no separate manager or agent-loop worker actors"
+)
 NOT_PROVIDED: dict[str, dict[str, str]] = {
+    "verl.experimental.agent_loop.agent_loop": {
+        "AgentLoopBase.ct_build_initial_tokens": _CT,
+        "AgentLoopBase.ct_merge_non_assistant_msg": _CT,
+        "AgentLoopBase.ct_merge_assistant_token": _CT,
+        "AgentLoopWorker.generate_sequences": _IN_ROLLOUT,
+        "AgentLoopManager": _IN_ROLLOUT,
+        "get_trajectory_info": "no rollout tracing backends (weave/mlflow traces); each sample keeps its agent_trace",
+    },
+    "verl.experimental.agent_loop.tool_parser": {
+        "GLMToolParser": _PARSER,
+        "SeedToolParser": _PARSER,
+        "MiniMaxToolParser": _PARSER,
+        "DeepSeekV4ToolParser": _PARSER,
+        "Gemma4ToolParser": _PARSER,
+    },
+    "verl.workers.rollout.replica": {
+        "RolloutMode": _SERVER_MODE,
+        "RolloutReplica": _SERVER_MODE,
+        "RolloutReplicaRegistry": _SERVER_MODE,
+        "get_rollout_replica_class": _SERVER_MODE,
+    },
     "verl.utils": {
         "validate_config": _ONE_CHECK,
         "get_processor_token_id": "no multimodal processors here (text prompts only)",
