@@ -465,6 +465,7 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
     },
     "verl.workers.config.engine": {"FSDPEngineConfig": P, "McoreEngineConfig": P},
     "verl.workers.config.optimizer": {"OptimizerConfig": P, "FSDPOptimizerConfig": P, "McoreOptimizerConfig": P},
+    "verl.utils.fsdp_utils": {"normalize_peft_param_name": ["params"]},
     "verl.utils.groupwise": {
         "as_torch_index": ["index", "device"],
         "group_mean_std": ["scores", "gidx", "eps", "device"],
