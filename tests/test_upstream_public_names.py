@@ -466,6 +466,14 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
     "verl.workers.config.engine": {"FSDPEngineConfig": P, "McoreEngineConfig": P},
     "verl.workers.config.optimizer": {"OptimizerConfig": P, "FSDPOptimizerConfig": P, "McoreOptimizerConfig": P},
     "verl.utils.fsdp_utils": {"normalize_peft_param_name": ["params"]},
+    "verl.utils.checkpoint.checkpoint_manager": {
+        "BaseCheckpointManager": ["model", "optimizer", "lr_scheduler", "processing_class", "checkpoint_config"],
+        "BaseCheckpointManager.should_save_lora_only": P,
+        "BaseCheckpointManager.is_lora_only_state_dict": ["state_dict"],
+    },
+    "verl.trainer.config": {
+        "CheckpointConfig": ["save_contents", "load_contents", "async_save", "strict", "save_lora_only"],
+    },
     "verl.utils.groupwise": {
         "as_torch_index": ["index", "device"],
         "group_mean_std": ["scores", "gidx", "eps", "device"],
