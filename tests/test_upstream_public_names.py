@@ -495,6 +495,10 @@ UPSTREAM_NAMES: dict[str, dict[str, list[str] | None]] = {
         "RolloutCorrectionConfig.bypass_pg_geo_rs_token_tis": P,
     },
     "verl.trainer.ppo.utils": {"need_reward_model": ["config"], "need_critic": ["config"]},
+    "verl.workers.reward_manager.naive": {
+        "NaiveRewardManager": ["tokenizer", "num_examine", "compute_score", "reward_fn_key", "compute_score_timeout"],
+        "_score_timeout": ["seconds"],
+    },
     "verl.utils.groupwise": {
         "as_torch_index": ["index", "device"],
         "group_mean_std": ["scores", "gidx", "eps", "device"],
