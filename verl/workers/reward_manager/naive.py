@@ -48,15 +48,28 @@ class NaiveRewardManager(AbstractRewardManager):
     same setting under its name (None or 0: no limit); give one of the two.
     """
 
-    def __init__(self, tokenizer, num_examine: int = 0, *args, compute_score_timeout: Any = _UNSET, **kwargs):
+    def __init__(
+        self,
+        tokenizer,
+        num_examine: int = 0,
+        compute_score=None,
+        reward_fn_key: str = "data_source",
+        error_score: float | None = 0.0,
+        truncation_penalty: float | None = None,
+        eos_token_id=None,
+        timeout: float | None | str = "default",
+        compute_score_timeout: Any = _UNSET,
+    ):
         if compute_score_timeout is not _UNSET:
-            if "timeout" in kwargs:
+            if timeout != "default":
                 raise ValueError(
                     "NaiveRewardManager: give compute_score_timeout (upstream's name) or timeout, not both "
-                    f"(got {compute_score_timeout!r} and {kwargs['timeout']!r})"
+                    f"(got {compute_score_timeout!r} and {timeout!r})"
                 )
-            kwargs["timeout"] = compute_score_timeout or None
-        super().__init__(tokenizer, num_examine, *args, **kwargs)
+            timeout = compute_score_timeout or None
+        super().__init__(
+            tokenizer, num_examine, compute_score, reward_fn_key, error_score, truncation_penalty, eos_token_id, timeout
+        )
 
     @property
     def compute_score_timeout(self) -> float | None:
