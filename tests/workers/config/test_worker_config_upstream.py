@@ -159,3 +159,25 @@ def test_config_group_yamls_hold_ppo_trainer_yaml_values():
         for key in shared:
             a, b = OmegaConf.to_container(ours, resolve=False)[key], OmegaConf.to_container(theirs, resolve=False)[key]
             assert a == b, f"{section or 'actor'}.{key}: group yaml {a!r} != ppo_trainer.yaml {b!r}"
+
+
+def test_rollout_group_yaml_builds_the_rollout_config_with_ppo_trainer_values():
+    from verl.workers.config import RolloutConfig
+
+    group = OmegaConf.load(CONFIG / "rollout" / "rollout.yaml")
+    trainer = OmegaConf.to_container(OmegaConf.load(CONFIG / "ppo_trainer.yaml").actor_rollout_ref.rollout)
+    ours = OmegaConf.to_container(group)
+    ours.pop("_target_")
+
+    def same(a: dict, b: dict, where: str) -> None:
+        for key, value in a.items():
+            assert key in b, f"{where}{key} is not in ppo_trainer.yaml's rollout section"
+            if isinstance(value, dict):
+                same(value, b[key], f"{where}{key}.")
+            else:
+                assert value == b[key], f"{where}{key}: group yaml {value!r} != ppo_trainer.yaml {b[key]!r}"
+
+    same(ours, trainer, "rollout.")
+    assert group.multi_turn.function_tool_path is None
+    built = omega_conf_to_dataclass(OmegaConf.merge(group, {"prompt_length": 64, "response_length": 32}))
+    assert type(built) is RolloutConfig and built.multi_turn.format == "hermes" and built.response_length == 32
