@@ -187,6 +187,8 @@ def test_dict_helpers():
     append_to_dict(acc, {"x": 1})
     append_to_dict(acc, {"x": 2, "y": 0})
     assert acc == {"x": [1, 2], "y": [0]}
+    append_to_dict(acc, {"x": [3, 4], "p/z": 5}, prefix="p/")  # a list is added element by element
+    assert acc == {"x": [1, 2], "y": [0], "p/x": [3, 4], "p/z": [5]}
 
 
 def test_config_get_reads_dicts_dataclasses_dictconfig_and_objects():

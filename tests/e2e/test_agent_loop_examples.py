@@ -15,7 +15,7 @@ from test_agent_loop import ScriptedServer, call
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
-from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY
+from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY, normalize_function_tool_return
 from verl.tools.tool_registry import load_all_tools
 from verl.workers.config import AgentLoopConfig, MultiTurnConfig, RolloutConfig
 
@@ -55,8 +55,8 @@ def test_example_tools_load_and_run(in_repo):
     assert sorted(by_name) == ["calculator", "capital_of", "notebook", "word_count"]
     wc = by_name["word_count"].tool_schema.function
     assert wc.parameters.properties["text"].type == "string" and wc.parameters.required == ["text"]
-    assert asyncio.run(by_name["capital_of"].execute("i", {"country": "Japan"}))[0].text == "Tokyo"
-    assert asyncio.run(by_name["word_count"].execute("i", {"text": "a b c"}))[0].text == "3"
+    assert asyncio.run(by_name["capital_of"].call({"country": "Japan"})) == "Tokyo"
+    assert normalize_function_tool_return(asyncio.run(by_name["word_count"].call({"text": "a b c"})))[0].text == "3"
     nb = by_name["notebook"]
 
     async def notebook():

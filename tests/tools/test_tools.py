@@ -48,7 +48,7 @@ def test_function_tool_schema_from_signature_and_docstring():
     assert fn.parameters.properties["quantity"].type == "integer"
     assert fn.parameters.properties["item"].description == "the item's name."
     assert fn.parameters.required == ["item"]
-    resp, reward, metrics = asyncio.run(tool.execute("i", {"item": "pen", "quantity": 3}))
+    resp, reward, metrics = normalize_function_tool_return(asyncio.run(tool.call({"item": "pen", "quantity": 3})))
     assert (resp.text, reward, metrics) == ("pen x3", 0.0, {})
 
 
@@ -139,8 +139,50 @@ def test_tool_yaml_and_function_file(tmp_path):
 
 def test_tool_names_unique_across_yaml_and_function_file(tmp_path):
     yaml_path, py_path = _write_tools(tmp_path, fn_name="calculator")
-    with pytest.raises(ValueError, match=r"\['calculator'\].*unique"):
+    with pytest.raises(ValueError, match=r"\['calculator'\] collide.*unique"):
         load_all_tools(yaml_path, py_path)
+
+
+def test_package_does_not_shadow_the_function_tool_module():
+    import importlib
+    import inspect
+
+    import verl.tools
+
+    assert inspect.ismodule(verl.tools.function_tool)
+    assert verl.tools.function_tool is importlib.import_module("verl.tools.function_tool")
+    assert verl.tools.FunctionTool is verl.tools.function_tool.FunctionTool
+
+
+def test_function_tools_are_stateless_not_base_tools(tmp_path):
+    from verl.tools.base_tool import BaseTool
+
+    _, py_path = _write_tools(tmp_path, fn_name="echo_tool")
+    (tool,) = load_function_tools_from_path(py_path)
+    assert not isinstance(tool, BaseTool) and tool.is_async is False
+    assert normalize_function_tool_return(asyncio.run(tool.call({"text": "hi"})))[0].text == "hi"
+
+
+def test_loaded_path_cache_is_not_shared_state_callers_can_break(tmp_path):
+    from verl.tools import function_tool as function_tool_mod
+
+    _, py_path = _write_tools(tmp_path, fn_name="echo_tool")
+    first = load_function_tools_from_path(py_path)
+    first.append("junk")  # a caller changing its list changes nobody else's
+    second = load_function_tools_from_path(py_path)
+    assert [t.name for t in second] == ["echo_tool"] and second[0] is first[0]  # executed once
+    assert function_tool_mod._LOADED_FUNCTION_TOOL_PATHS[str(tmp_path / "fns.py")] == second
+    FUNCTION_TOOL_REGISTRY.clear()  # the cached tools are no longer registered: execute again
+    third = load_function_tools_from_path(py_path)
+    assert third[0] is not first[0] and FUNCTION_TOOL_REGISTRY["echo_tool"] is third[0]
+
+
+def test_file_without_function_tools_warns_and_adds_nothing(tmp_path, caplog):
+    empty = tmp_path / "empty.py"
+    empty.write_text("X = 1\n")
+    with caplog.at_level("WARNING"):
+        assert load_function_tools_from_path(str(empty)) == []
+    assert any("no @function_tool" in r.getMessage() and "empty.py" in r.getMessage() for r in caplog.records)
 
 
 def test_tool_yaml_errors(tmp_path):

@@ -115,6 +115,21 @@ def test_all_linear_targets_every_linear_layer_but_the_head(tiny):
 # -- actor at world size 1 ----------------------------------------------------------------------
 
 
+def test_normalize_peft_param_name_gives_the_base_models_keys(tiny):
+    from verl.utils.fsdp_utils import normalize_peft_param_name
+    from verl.utils.model import apply_lora, build_causal_lm
+    from verl.workers.config import HFModelConfig
+
+    path, _ = tiny
+    base = build_causal_lm(path).state_dict()
+    peft = apply_lora(build_causal_lm(path), HFModelConfig(path=path, lora_rank=2, target_modules="all-linear"))
+    names = normalize_peft_param_name(peft.state_dict())
+    assert set(names) == set(base) and not any("lora_" in k for k in names)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(names[q], peft.state_dict()[f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"])
+    assert normalize_peft_param_name({"x.adapter_A.weight": 1, "y.weight": 2}) == {"y.weight": 2}
+
+
 def test_lora_actor_is_exact_at_init_trains_only_the_adapter_and_refs_from_the_base(tiny):
     path, tok = tiny
     base_worker = build_actor(make_config(path))

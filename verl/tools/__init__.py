@@ -1,8 +1,12 @@
 """Tools for multi-turn rollouts: `BaseTool` classes (declared in a tool config yaml) and
-`@function_tool` functions. See docs/agent_loop.md."""
+`@function_tool` functions (`verl.tools.function_tool`). See docs/agent_loop.md.
+
+The package binds no name of a submodule to anything else: `verl.tools.function_tool` is the
+module (import the decorator from it: `from verl.tools.function_tool import function_tool`).
+"""
 
 from verl.tools.base_tool import BaseTool
-from verl.tools.function_tool import FunctionTool, function_tool
+from verl.tools.function_tool import FunctionTool
 from verl.tools.schemas import (
     OpenAIFunctionCallSchema,
     OpenAIFunctionParsedSchema,
@@ -14,7 +18,6 @@ from verl.tools.tool_registry import initialize_tools_from_config, load_all_tool
 __all__ = [
     "BaseTool",
     "FunctionTool",
-    "function_tool",
     "OpenAIFunctionCallSchema",
     "OpenAIFunctionParsedSchema",
     "OpenAIFunctionToolSchema",

@@ -31,9 +31,9 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 logger = logging.getLogger(__name__)
@@ -47,27 +47,34 @@ __all__ = [
     "normalize_function_tool_return",
 ]
 
+# name -> tool, written by @function_tool. Process-wide on purpose (as upstream's): decorating a
+# function is a registration that any later loader of the same file must see.
 FUNCTION_TOOL_REGISTRY: dict[str, FunctionTool] = {}
-_LOADED_PATHS: dict[str, list[FunctionTool]] = {}
+# absolute file path -> the tools that executing it registered. A cache only: it never decides
+# what a caller gets (each call returns a new list; an entry whose tools are no longer the
+# registered ones, e.g. after FUNCTION_TOOL_REGISTRY.clear(), is executed again).
+_LOADED_FUNCTION_TOOL_PATHS: dict[str, list[FunctionTool]] = {}
 
 
-class FunctionTool(BaseTool):
-    """A registered function seen through the `BaseTool` interface (stateless: create/release
-    do nothing)."""
+@dataclass
+class FunctionTool:
+    """A registered function: what the agent loop needs to show and call it.
 
-    def __init__(self, name: str, fn: Callable[..., Any], tool_schema: OpenAIFunctionToolSchema):
-        super().__init__(config={"type": "function"}, tool_schema=tool_schema)
-        self.name = name
-        self.fn = fn
-        self.is_async = inspect.iscoroutinefunction(fn)
+    Not a `BaseTool`: a function tool is stateless (no create / release per trajectory), and the
+    tool agent loop tells the two apart with `isinstance(tool, FunctionTool)`.
+    `name` equals `tool_schema.function.name`; `is_async` says whether `fn` is a coroutine function.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    tool_schema: OpenAIFunctionToolSchema
+    is_async: bool = False
 
     async def call(self, parameters: dict[str, Any]) -> Any:
+        """`fn(**parameters)`; a sync function runs in a worker thread (other trajectories go on)."""
         if self.is_async:
             return await self.fn(**parameters)
         return await asyncio.to_thread(self.fn, **parameters)
-
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
-        return normalize_function_tool_return(await self.call(parameters))
 
 
 def _schema_from_signature(fn: Callable, name: str) -> OpenAIFunctionToolSchema:
@@ -112,7 +119,7 @@ def function_tool(name: str | Callable | None = None, *, schema: OpenAIFunctionT
                     f"{existing.fn.__module__}.{existing.fn.__qualname__}; "
                     f"tool names must be unique (rename {fn.__module__}.{fn.__qualname__})"
                 )
-            FUNCTION_TOOL_REGISTRY[final] = FunctionTool(final, fn, built)
+            FUNCTION_TOOL_REGISTRY[final] = FunctionTool(final, fn, built, inspect.iscoroutinefunction(fn))
             return fn
 
         return decorator
@@ -131,24 +138,45 @@ def get_function_tool(name: str) -> FunctionTool:
     return FUNCTION_TOOL_REGISTRY[name]
 
 
+def _cached_tools(abs_path: str) -> list[FunctionTool] | None:
+    """The tools `abs_path` registered when it was executed, if they are all still registered."""
+    tools = _LOADED_FUNCTION_TOOL_PATHS.get(abs_path)
+    if tools is None or any(FUNCTION_TOOL_REGISTRY.get(t.name) is not t for t in tools):
+        return None
+    return list(tools)
+
+
 def load_function_tools_from_path(path: str) -> list[FunctionTool]:
-    """Execute the Python file `path` (once per process) and return the tools it registered."""
+    """Execute the Python file `path` and return the tools it registered (in name order).
+
+    A file is executed once per process: a second call returns the same tool objects (executing
+    it again would register new function objects under the same names). A file without any
+    `@function_tool` gives [] and a warning.
+    """
     abs_path = os.path.abspath(path)
     if not os.path.isfile(abs_path):
-        raise FileNotFoundError(f"actor_rollout_ref.rollout.multi_turn.function_tool_path={path!r} is not a file")
-    if abs_path in _LOADED_PATHS:
-        return _LOADED_PATHS[abs_path]
+        raise FileNotFoundError(
+            f"function_tool_path does not exist: {path!r} (actor_rollout_ref.rollout.multi_turn.function_tool_path)"
+        )
+    cached = _cached_tools(abs_path)
+    if cached is not None:
+        return cached
     before = set(FUNCTION_TOOL_REGISTRY)
+    # a name derived from the path: the file can import its siblings through sys.modules
     module_name = "_verl_function_tools_" + abs_path.replace(os.sep, "_").replace(".", "_")
     spec = importlib.util.spec_from_file_location(module_name, abs_path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"function_tool_path={path!r} cannot be imported as a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     tools = [FUNCTION_TOOL_REGISTRY[n] for n in sorted(set(FUNCTION_TOOL_REGISTRY) - before)]
     if not tools:
-        raise ValueError(f"function_tool_path={path!r} registered no tool (no @function_tool in the file?)")
-    _LOADED_PATHS[abs_path] = tools
-    return tools
+        logger.warning(
+            "function_tool_path %r loaded but no @function_tool decorators found: the file adds no tool", path
+        )
+    _LOADED_FUNCTION_TOOL_PATHS[abs_path] = tools
+    return list(tools)
 
 
 def _as_response(value: Any) -> ToolResponse:
@@ -165,8 +193,8 @@ def normalize_function_tool_return(ret: Any) -> tuple[ToolResponse, float, dict]
     if isinstance(ret, tuple):
         if not 1 <= len(ret) <= 3:
             raise TypeError(
-                f"a function tool returned a tuple of length {len(ret)}; use (response,), (response, reward) or "
-                "(response, reward, metrics)"
+                f"a @function_tool return tuple must have length 1, 2, or 3 (got length {len(ret)}: {ret!r}); "
+                "use (response,), (response, reward) or (response, reward, metrics)"
             )
         reward = 0.0 if len(ret) < 2 or ret[1] is None else float(ret[1])
         metrics = {} if len(ret) < 3 or ret[2] is None else dict(ret[2])

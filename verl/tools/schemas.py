@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 __all__ = [
     "OpenAIFunctionPropertySchema",
@@ -19,6 +19,7 @@ __all__ = [
     "OpenAIFunctionToolSchema",
     "OpenAIFunctionParsedSchema",
     "OpenAIFunctionCallSchema",
+    "OpenAIFunctionToolCall",
     "ToolResponse",
 ]
 
@@ -78,9 +79,37 @@ class OpenAIFunctionCallSchema(BaseModel):
         return OpenAIFunctionCallSchema(name=parsed.name, arguments=args), False
 
 
+class OpenAIFunctionToolCall(BaseModel):
+    """A call in the OpenAI chat format: `{"id", "type": "function", "function": {name, arguments}}`."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: OpenAIFunctionCallSchema
+
+
 class ToolResponse(BaseModel):
-    """A tool's observation. Only `text` is supported (an image or video raises in the loop)."""
+    """A tool's observation. Only `text` is supported by the tool agent loop here (an image or
+    video raises there); `image` / `video` are lists, as upstream's."""
 
     text: str | None = None
-    image: Any = None
-    video: Any = None
+    image: list[Any] | None = None
+    video: list[Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def initialize_request(cls, values):
+        """A single image or video (not in a list) is refused with the fix in the message."""
+        if isinstance(values, dict):
+            for key in ("image", "video"):
+                if values.get(key) is not None and not isinstance(values[key], list):
+                    raise ValueError(
+                        f"ToolResponse.{key} must be a list, got {type(values[key]).__name__}; "
+                        f"wrap a single {key} in a list: {{'{key}': [item]}}"
+                    )
+        return values
+
+    def is_empty(self) -> bool:
+        return not self.text and not self.image and not self.video
+
+    def is_text_only(self) -> bool:
+        return bool(self.text) and not self.image and not self.video

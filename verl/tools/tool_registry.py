@@ -4,14 +4,25 @@ functions from a Python file; names must be unique across both."""
 from __future__ import annotations
 
 import importlib
+import logging
+from enum import Enum
 
 from verl.tools.base_tool import BaseTool
-from verl.tools.function_tool import load_function_tools_from_path
+from verl.tools.function_tool import FunctionTool, load_function_tools_from_path
 from verl.tools.schemas import OpenAIFunctionToolSchema
 
-__all__ = ["get_tool_class", "initialize_tools_from_config", "load_all_tools"]
+logger = logging.getLogger(__name__)
 
-TOOL_TYPES = ("native",)
+__all__ = ["ToolType", "get_tool_class", "initialize_tools_from_config", "load_all_tools"]
+
+
+class ToolType(Enum):
+    """`config.type` of a tool in the tool config yaml (MCP tools are not supported)."""
+
+    NATIVE = "native"
+
+
+TOOL_TYPES = tuple(t.value for t in ToolType)
 
 
 def get_tool_class(cls_name: str) -> type:
@@ -56,9 +67,15 @@ def initialize_tools_from_config(tools_config_file: str) -> list[BaseTool]:
     return tools
 
 
-def load_all_tools(tool_config_path: str | None, function_tool_path: str | None) -> list[BaseTool]:
-    """Tools from both sources; a name used twice (in either) raises ValueError naming it."""
-    tools = list(initialize_tools_from_config(tool_config_path)) if tool_config_path else []
+def load_all_tools(tool_config_path: str | None, function_tool_path: str | None) -> list[BaseTool | FunctionTool]:
+    """The yaml's `BaseTool`s (new instances on every call) followed by the file's
+    `FunctionTool`s (the same objects on every call); [] when neither path is set.
+
+    Tool names are unique across both sources: the names used twice raise one ValueError
+    listing all of them."""
+    tools: list[BaseTool | FunctionTool] = (
+        list(initialize_tools_from_config(tool_config_path)) if tool_config_path else []
+    )
     if function_tool_path:
         tools += load_function_tools_from_path(function_tool_path)
     seen: dict[str, int] = {}
@@ -67,7 +84,9 @@ def load_all_tools(tool_config_path: str | None, function_tool_path: str | None)
     dup = sorted(n for n, c in seen.items() if c > 1)
     if dup:
         raise ValueError(
-            f"tool name(s) {dup} are declared more than once across multi_turn.tool_config_path={tool_config_path!r} "
-            f"and multi_turn.function_tool_path={function_tool_path!r}; tool names must be unique"
+            f"tool name(s) {dup} collide: declared more than once across "
+            f"multi_turn.tool_config_path={tool_config_path!r} and multi_turn.function_tool_path="
+            f"{function_tool_path!r}; each tool name must be unique, rename one of them"
         )
+    logger.info("loaded %d tool(s): %s", len(tools), [t.name for t in tools])
     return tools

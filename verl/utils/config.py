@@ -6,8 +6,10 @@
   already an object (a dataclass instance, ...) is returned as is;
 - without `dataclass_type` the section's `_target_` names what to build: a dataclass is converted
   as below, anything else is built by Hydra's `instantiate` (nested `_target_`s included);
-- with `dataclass_type` that type is built (a `_target_` entry in the section is then ignored, as
-  upstream); nested dataclass fields are converted recursively.
+- with `dataclass_type` that type is built, or the subclass of it that the section's `_target_`
+  names (upstream's `_target_: verl.workers.config.FSDPOptimizerConfig` under an `optim` field
+  typed `OptimizerConfig`); any other `_target_` is ignored, as upstream; nested dataclass fields
+  are converted recursively.
 
 On top of upstream, every value is checked against its field's annotation *before* the
 dataclass (and its range checks) is built, so a wrong type fails with the dotted key, the value
@@ -319,6 +321,13 @@ def omega_conf_to_dataclass(config: Any, dataclass_type: type | None = None, _pa
                 config if isinstance(config, DictConfig) else OmegaConf.create(config), _convert_="partial"
             )
         dataclass_type = located
+    elif target is not None:
+        try:
+            located = _locate(target)
+        except ValueError:
+            located = None  # a _target_ of a class this project does not have: ignored, as before
+        if isinstance(located, type) and dataclasses.is_dataclass(located) and issubclass(located, dataclass_type):
+            dataclass_type = located
     if not dataclasses.is_dataclass(dataclass_type):
         raise TypeError(f"{dataclass_type!r} is not a dataclass")
 

@@ -44,6 +44,7 @@ __all__ = [
     "load_full_optimizer_state_dict",
     "get_lora_merged_state_dict",
     "peft_to_hf_key",
+    "normalize_peft_param_name",
     "offload_fsdp_model_to_cpu",
     "load_fsdp_model_to_gpu",
     "offload_fsdp_optimizer",
@@ -322,6 +323,18 @@ def peft_to_hf_key(key: str) -> str | None:
             out.append(parts[i])
             i += 1
     return ".".join(out)
+
+
+def normalize_peft_param_name(params: dict) -> dict:
+    """A peft model's state dict (or any name -> value mapping) under the plain transformers
+    names (`peft_to_hf_key`), without the adapter entries (`lora_*`, `.adapter_*`) and the frozen
+    originals of `modules_to_save`: the keys of the base model's own state dict (upstream's name)."""
+    out = {}
+    for key, value in params.items():
+        name = peft_to_hf_key(key)
+        if name is not None and ".adapter_" not in name:
+            out[name] = value
+    return out
 
 
 @torch.no_grad()

@@ -115,7 +115,21 @@ def union_two_dict(dict1: dict, dict2: dict) -> dict:
     return dict1
 
 
-def append_to_dict(data: dict[str, list], new_data: dict[str, Any]) -> None:
-    """``data[k].append(v)`` for every item of `new_data` (creating missing lists)."""
+def append_to_dict(data: dict, new_data: dict[str, Any], prefix: str = "") -> None:
+    """Collect the values of `new_data` under their keys in `data` (in place), as upstream's.
+
+    A missing key starts an empty list, or an empty `Metric` of the same aggregation when the
+    value is a `verl.utils.metric.Metric` (so per-micro-batch Metrics reduce by their own rule);
+    a list value is added element by element, anything else appended. `prefix` is put before
+    every key that does not already start with it.
+    """
+    from verl.utils.metric import Metric
+
     for key, val in new_data.items():
-        data.setdefault(key, []).append(val)
+        name = key if key.startswith(prefix) else f"{prefix}{key}"
+        if name not in data:
+            data[name] = val.init_list() if isinstance(val, Metric) else []
+        if isinstance(val, list):
+            data[name].extend(val)
+        else:
+            data[name].append(val)

@@ -39,6 +39,7 @@ import dataclasses
 import logging
 import os
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -74,6 +75,7 @@ from verl.utils.model import (
 )
 from verl.utils.tokenizer import hf_processor, hf_tokenizer
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
+from verl.workers.config.megatron import refuse_megatron
 from verl.workers.engine.dp_engine import step_lr_scheduler
 from verl.workers.engine.fsdp_model import build_fsdp_model
 
@@ -100,7 +102,8 @@ def _setup_process(worker: Worker) -> str:
 
 def _to_dataclass(section, cls):
     """The worker's own config object: workers rewrite fields (per-rank mini-batch sizes), so a
-    dataclass passed in is copied, never modified."""
+    dataclass passed in is copied, never modified. A Megatron config is refused here."""
+    refuse_megatron(section)
     if isinstance(section, cls):
         return copy.deepcopy(section)
     return omega_conf_to_dataclass(section, cls)
@@ -508,13 +511,27 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             with module.disable_adapter() if base_model else contextlib.nullcontext():
                 return policy.infer(view, calculate_entropy=entropy), meta["temperature"]
 
+    def _actor_log_prob_micro(self) -> SimpleNamespace:
+        """Micro-batching of the actor's log-prob pass: `actor.ppo_infer_micro_batch_size_per_gpu` /
+        `actor.ppo_infer_max_token_len_per_gpu` when set, else the rollout's `log_prob_*` keys."""
+        actor, rollout = self.actor_config, self.rollout_config
+        return SimpleNamespace(
+            log_prob_micro_batch_size_per_gpu=actor.ppo_infer_micro_batch_size_per_gpu
+            or rollout.log_prob_micro_batch_size_per_gpu,
+            log_prob_use_dynamic_bsz=rollout.log_prob_use_dynamic_bsz,
+            log_prob_max_token_len_per_gpu=actor.ppo_infer_max_token_len_per_gpu
+            or rollout.log_prob_max_token_len_per_gpu,
+        )
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """`old_log_probs` and `entropys` [b, R] of the responses under the current actor."""
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob needs the actor role; this worker's role is {self.role!r}")
         fsdp_cfg = self.actor_config.fsdp_config
-        out, temperature = self._log_prob_pass(self.actor, self.actor_module, fsdp_cfg, data, self.rollout_config, True)
+        out, temperature = self._log_prob_pass(
+            self.actor, self.actor_module, fsdp_cfg, data, self._actor_log_prob_micro(), True
+        )
         log_probs = out.outputs["log_probs"]
         metrics = {"actor/padding_waste_log_prob": out.padding["padding_waste"]}
         if "rollout_log_probs" in data.batch.keys():

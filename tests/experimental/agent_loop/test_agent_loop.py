@@ -191,23 +191,23 @@ def test_error_observations_unknown_tool_malformed_and_raising_tool(calc_tok, tm
     out = worker.run(_batch(list(scripts)), GREEDY)
     traces = out.non_tensor_batch["agent_trace"]
     results = [t["turns"][0]["calls"][0]["result"] for t in traces]
-    assert results[0].startswith("Error: unknown tool 'no_such_tool'; available tools: ['calculator', 'echo']")
+    assert results[0] == "Unknown function 'no_such_tool'. Available tools: ['calculator', 'echo']"
     assert results[1].startswith("Error: malformed tool call: invalid JSON")
-    assert results[2] == "Error: tool 'echo' raised RuntimeError: exploded"
+    assert results[2] == "Error executing tool 'echo': RuntimeError: exploded"
     assert "never closed" in results[3]
     # every trajectory continued after the error: the model saw it and answered
     assert all(t["stop"] == "answer" and len(t["turns"]) == 2 for t in traces)
     assert out.meta_info["metrics"]["agent/tool_error_rate"] == 1.0
     # the observation text is in the token stream
     text = calc_tok.decode(out.batch["responses"][0].tolist(), skip_special_tokens=True)
-    assert "Error: unknown tool" in text
+    assert "Unknown function" in text
 
 
 @pytest.mark.parametrize(
     "side,expected",
     [
-        ("left", TRUNCATION_MARK + "6789"),
-        ("right", "0123" + TRUNCATION_MARK),
+        ("left", "(truncated)...6789"),
+        ("right", "0123...(truncated)"),
         ("middle", "01" + TRUNCATION_MARK + "89"),
     ],
 )
@@ -223,7 +223,7 @@ def test_tool_result_cut_on_configured_side(calc_tok, tmp_path, side):
     out = worker.run(_batch(["q"]), GREEDY)
     result = out.non_tensor_batch["agent_trace"][0]["turns"][0]["calls"][0]["result"]
     full = "abcdefghij" * 3
-    assert result == (TRUNCATION_MARK + full[-5:] if side == "left" else full[:5] + TRUNCATION_MARK)
+    assert result == ("(truncated)..." + full[-5:] if side == "left" else full[:5] + "...(truncated)")
 
 
 def test_budget_met_mid_turn_ends_cleanly(calc_tok, tmp_path):

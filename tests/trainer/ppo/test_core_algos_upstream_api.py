@@ -232,6 +232,29 @@ def test_compute_value_loss_accepts_upstream_global_keywords():
     assert loss.item() == pytest.approx(0.5 * 5 / 2 / 5)
 
 
+def test_value_loss_shares_summed_as_metric_give_the_mini_batch_loss():
+    # (V - R)^2 per token = (1, 4 | 9, 0 padded): 3 global tokens, token-mean over the mini-batch
+    # = 0.5 * (1 + 4 + 9) / 3; each micro-batch returns its share, a SUM Metric adds the shares
+    from verl.utils.metric import AggregationType, Metric, reduce_metrics
+    from verl.utils.py_functional import append_to_dict
+
+    vpreds = torch.tensor([[1.0, 2.0], [3.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    collected: dict = {}
+    for row in (0, 1):
+        loss, _ = core_algos.compute_value_loss(
+            vpreds[row : row + 1],
+            torch.zeros(1, 2),
+            vpreds[row : row + 1].clone(),
+            mask[row : row + 1],
+            0.5,
+            batch_num_tokens=3,
+        )
+        append_to_dict(collected, {"critic/vf_loss": Metric(AggregationType.SUM, loss)})
+    assert isinstance(collected["critic/vf_loss"], Metric)
+    assert reduce_metrics(collected)["critic/vf_loss"] == pytest.approx(0.5 * 14 / 3)
+
+
 # ---------------------------------------------------------------------------------------------
 # upstream-style writes into config.global_batch_info
 # ---------------------------------------------------------------------------------------------

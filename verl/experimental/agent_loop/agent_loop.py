@@ -24,8 +24,10 @@ into the rollout DataProto (widths `rollout.prompt_length` / `rollout.response_l
   log-probs there, 0 elsewhere;
 - `turn_ids` [b, R]: the assistant-turn index (0, 1, ...) on generated tokens, -1 elsewhere;
   `step_end_mask` [b, R]: 1 on the last generated token of each turn (for `grpo_process`);
-- non-tensor `__num_turns__` and `agent_trace` (turns, tool calls, results) per sample; the
-  per-batch metrics go to meta_info["metrics"].
+- non-tensor `__num_turns__`, `agent_trace` (turns, tool calls, results), and upstream's
+  `turn_scores` / `tool_rewards` (lists, [] for loops without tools) per sample: the same keys
+  whichever loop produced a sample, so batches of different loops concatenate; the per-batch
+  metrics go to meta_info["metrics"].
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ __all__ = [
     "AgentLoopMetrics",
     "AgentLoopOutput",
     "AgentLoopWorker",
+    "DictConfigWrap",
+    "ToolListWrap",
     "register",
     "get_agent_loop_class",
     "load_agent_loop_config",
@@ -79,6 +83,49 @@ class AgentLoopOutput(BaseModel):
     num_turns: int = 0
     metrics: AgentLoopMetrics = AgentLoopMetrics()
     extra_fields: dict[str, Any] = {}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The output as upstream's per-sample dict: `prompts` / `responses` / `response_mask`
+        (int64 tensors), `rollout_log_probs` (float32, when there are log-probs), `rm_scores`
+        (the `reward_score` on the last response position, when set), `num_turns`, `metrics`,
+        and a copy of `extra_fields` from which `teacher_ids` / `teacher_logprobs` are promoted
+        to top-level keys (the model itself is not changed)."""
+        out: dict[str, Any] = {
+            "prompts": torch.tensor(self.prompt_ids, dtype=torch.int64),
+            "responses": torch.tensor(self.response_ids, dtype=torch.int64),
+            "response_mask": torch.tensor(self.response_mask, dtype=torch.int64),
+            "num_turns": self.num_turns,
+            "metrics": self.metrics.model_dump(),
+        }
+        if self.response_logprobs is not None:
+            out["rollout_log_probs"] = torch.tensor(self.response_logprobs, dtype=torch.float32)
+        if self.reward_score is not None:
+            rm_scores = torch.zeros(len(self.response_ids), dtype=torch.float32)
+            if len(self.response_ids):
+                rm_scores[-1] = self.reward_score
+            out["rm_scores"] = rm_scores
+        extra = dict(self.extra_fields)
+        for key in ("teacher_ids", "teacher_logprobs"):
+            if extra.get(key) is not None:
+                out[key] = extra.pop(key)
+        out["extra_fields"] = extra
+        return out
+
+
+class DictConfigWrap:
+    """A config handed to agent loops inside a wrapper (`.config`), so that
+    `hydra.utils.instantiate` does not resolve it recursively (upstream's name)."""
+
+    def __init__(self, config):
+        self.config = config
+
+
+class ToolListWrap:
+    """A tool list handed to agent loops inside a wrapper (`.tools`): `hydra.utils.instantiate`
+    would turn each tool of a plain list into a DictConfig (upstream's name)."""
+
+    def __init__(self, tools: list):
+        self.tools = list(tools)
 
 
 _agent_loop_registry: dict[str, dict] = {}
@@ -140,13 +187,6 @@ def load_agent_loop_config(path: str | None) -> list[str]:
     return names
 
 
-class _ConfigWrap:
-    """`trainer_config.config` as upstream loops expect: `config.actor_rollout_ref.rollout...`."""
-
-    def __init__(self, config):
-        self.config = config
-
-
 class AgentLoopBase(ABC):
     """Base of agent loops.
 
@@ -154,7 +194,8 @@ class AgentLoopBase(ABC):
         trainer_config: wrapper whose `.config` has `actor_rollout_ref` (and `data` when known).
         server_manager: the generation server (`generate(request_id, *, prompt_ids, sampling_params)`).
         tokenizer / processor: the policy's.
-        kwargs: `rollout_config` (the `RolloutConfig`), `tools` (loaded tools), `renderer`
+        kwargs: `rollout_config` (the `RolloutConfig`), `tools` (loaded tools: a list or a
+            `ToolListWrap`), `renderer`
             (`ChatRenderer`) and `tool_parser`, shared by the worker's loops.
     """
 
@@ -164,7 +205,8 @@ class AgentLoopBase(ABC):
         self.server_manager = server_manager
         self.tokenizer = tokenizer
         self.processor = processor
-        self.tools = {t.name: t for t in kwargs.get("tools") or []}
+        tools = kwargs.get("tools") or []
+        self.tools = {t.name: t for t in (tools.tools if isinstance(tools, ToolListWrap) else tools)}
         self.renderer = kwargs.get("renderer")
         self.tool_parser = kwargs.get("tool_parser")
         self.loop = asyncio.get_event_loop()
@@ -234,7 +276,7 @@ class AgentLoopWorker:
             container = OmegaConf.to_container(section, resolve=True) if not isinstance(section, dict) else section
         except Exception:  # noqa: BLE001 - a plain object: expose it as it is
             container = section
-        self.trainer_config = _ConfigWrap(
+        self.trainer_config = DictConfigWrap(
             OmegaConf.create({"actor_rollout_ref": container}) if isinstance(container, dict) else container
         )
         self.server_manager = server_manager
@@ -317,12 +359,14 @@ class AgentLoopWorker:
         if rm is not None:
             tensors["rm_scores"] = rm
         non_tensors = {
-            "__num_turns__": np.empty(len(outputs), dtype=object),
-            "agent_trace": np.empty(len(outputs), dtype=object),
+            key: np.empty(len(outputs), dtype=object)
+            for key in ("__num_turns__", "agent_trace", "turn_scores", "tool_rewards")
         }
         for i, o in enumerate(outputs):
             non_tensors["__num_turns__"][i] = int(o.num_turns)
             non_tensors["agent_trace"][i] = o.extra_fields.get("trace")
+            non_tensors["turn_scores"][i] = list(o.extra_fields.get("turn_scores") or [])
+            non_tensors["tool_rewards"][i] = list(o.extra_fields.get("tool_rewards") or [])
         out = DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
         out.meta_info["metrics"] = agent_metrics(outputs, elapsed)
         return out

@@ -40,10 +40,12 @@ class SingleTurnAgentLoop(AgentLoopBase):
             prompt_ids=prompt_ids,
             response_ids=list(out.token_ids),
             response_mask=[1] * len(out.token_ids),
-            response_logprobs=list(out.log_probs),
+            response_logprobs=list(out.log_probs) if out.log_probs is not None else None,
             num_turns=2,
             metrics=AgentLoopMetrics(generate_sequences=time.perf_counter() - start),
             extra_fields={
+                "turn_scores": [],
+                "tool_rewards": [],
                 "assistant_turns": 1,
                 "cut_by_length": out.stop_reason == "length",
                 "trace": {"turns": 1, "tool_calls": [], "stop_reason": out.stop_reason},

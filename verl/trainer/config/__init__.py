@@ -7,6 +7,7 @@ from verl.trainer.config.algorithm import (
     NormConfig,
     RolloutCorrectionConfig,
 )
+from verl.trainer.config.checkpoint import CheckpointConfig
 from verl.trainer.config.data import CustomClassConfig, DataConfig
 from verl.trainer.config.trainer import CustomRewardFunctionConfig, RayKwargsConfig, TrainerConfig
 
@@ -16,6 +17,7 @@ __all__ = [
     "KLControlConfig",
     "NormConfig",
     "RolloutCorrectionConfig",
+    "CheckpointConfig",
     "CustomClassConfig",
     "DataConfig",
     "CustomRewardFunctionConfig",

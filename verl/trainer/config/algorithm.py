@@ -109,6 +109,121 @@ class RolloutCorrectionConfig(BaseConfig):
             )
         check_choice("algorithm.rollout_correction", "loss_type", self.loss_type, ("ppo_clip", "reinforce"))
 
+    # -- upstream's presets. decoupled_*: old log-probs recomputed (three policies), IS weights
+    # correct the rollout/old gap; bypass_*: the rollout log-probs are the old ones (two policies),
+    # loss_type ppo_clip (the ratio corrects) or reinforce (explicit IS weights). "Geo-RS" rejects
+    # sequences by their geometric-mean ratio (seq_mean_k1), "K3-RS" by the mean k3 divergence.
+    @classmethod
+    def disabled(cls) -> RolloutCorrectionConfig:
+        return cls(rollout_is=None, rollout_rs=None)
+
+    @classmethod
+    def decoupled_token_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
+        return cls(rollout_is="token", rollout_is_threshold=threshold, rollout_rs=None)
+
+    @classmethod
+    def decoupled_seq_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
+        return cls(rollout_is="sequence", rollout_is_threshold=threshold, rollout_rs=None)
+
+    @classmethod
+    def decoupled_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
+        """Token IS weights set to 0 outside [threshold_lower, threshold] (the mask is kept)."""
+        return cls(rollout_is="token", rollout_is_threshold=f"{threshold_lower}_{threshold}", rollout_rs=None)
+
+    @classmethod
+    def decoupled_seq_is_rs(cls, is_threshold: float = 2.0, rs_threshold="0.5_2.0") -> RolloutCorrectionConfig:
+        return cls(
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_sum_k1",
+            rollout_rs_threshold=rs_threshold,
+        )
+
+    @classmethod
+    def decoupled_geo_rs(cls, rs_threshold="0.999_1.001") -> RolloutCorrectionConfig:
+        return cls(rollout_is=None, rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def decoupled_geo_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold="0.999_1.001") -> RolloutCorrectionConfig:
+        return cls._with_rs("sequence", is_threshold, "seq_mean_k1", rs_threshold)
+
+    @classmethod
+    def decoupled_geo_rs_token_tis(
+        cls, is_threshold: float = 2.0, rs_threshold="0.999_1.001"
+    ) -> RolloutCorrectionConfig:
+        return cls._with_rs("token", is_threshold, "seq_mean_k1", rs_threshold)
+
+    @classmethod
+    def decoupled_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
+        return cls(rollout_is=None, rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def decoupled_k3_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
+        return cls._with_rs("sequence", is_threshold, "seq_mean_k3", rs_threshold)
+
+    @classmethod
+    def decoupled_k3_rs_token_tis(
+        cls, is_threshold: float = 2.0, rs_threshold: float = 0.01
+    ) -> RolloutCorrectionConfig:
+        return cls._with_rs("token", is_threshold, "seq_mean_k3", rs_threshold)
+
+    @classmethod
+    def bypass_ppo_clip(cls) -> RolloutCorrectionConfig:
+        return cls(rollout_is=None, rollout_rs=None, bypass_mode=True, loss_type="ppo_clip")
+
+    @classmethod
+    def bypass_ppo_clip_geo_rs(cls, rs_threshold="0.999_1.001") -> RolloutCorrectionConfig:
+        return cls._with_rs(None, 2.0, "seq_mean_k1", rs_threshold, bypass="ppo_clip")
+
+    @classmethod
+    def bypass_ppo_clip_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
+        return cls._with_rs(None, 2.0, "seq_mean_k3", rs_threshold, bypass="ppo_clip")
+
+    @classmethod
+    def bypass_pg_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
+        return cls(
+            rollout_is="sequence",
+            rollout_is_threshold=threshold,
+            rollout_rs=None,
+            bypass_mode=True,
+            loss_type="reinforce",
+        )
+
+    @classmethod
+    def bypass_pg_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
+        return cls(
+            rollout_is="token",
+            rollout_is_threshold=f"{threshold_lower}_{threshold}",
+            rollout_rs=None,
+            bypass_mode=True,
+            loss_type="reinforce",
+        )
+
+    @classmethod
+    def bypass_pg_geo_rs(cls, rs_threshold="0.999_1.001") -> RolloutCorrectionConfig:
+        return cls._with_rs(None, 2.0, "seq_mean_k1", rs_threshold, bypass="reinforce")
+
+    @classmethod
+    def bypass_pg_geo_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold="0.999_1.001") -> RolloutCorrectionConfig:
+        return cls._with_rs("sequence", is_threshold, "seq_mean_k1", rs_threshold, bypass="reinforce")
+
+    @classmethod
+    def bypass_pg_geo_rs_token_tis(
+        cls, is_threshold: float = 2.0, rs_threshold="0.999_1.001"
+    ) -> RolloutCorrectionConfig:
+        return cls._with_rs("token", is_threshold, "seq_mean_k1", rs_threshold, bypass="reinforce")
+
+    @classmethod
+    def _with_rs(cls, rollout_is, is_threshold, rollout_rs, rs_threshold, bypass: str | None = None):
+        extra = {"bypass_mode": True, "loss_type": bypass} if bypass else {}
+        return cls(
+            rollout_is=rollout_is,
+            rollout_is_threshold=is_threshold,
+            rollout_rs=rollout_rs,
+            rollout_rs_threshold=rs_threshold,
+            **extra,
+        )
+
 
 @dataclass
 class AlgoConfig(BaseConfig):

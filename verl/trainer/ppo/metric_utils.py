@@ -10,6 +10,7 @@ All functions read CPU tensors of a `DataProto` on the driver:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -17,8 +18,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoConfig
 
 import verl.utils.torch_functional as verl_F
+from verl.utils.fs import copy_to_local
+from verl.utils.model import update_model_config
+
+logger = logging.getLogger(__name__)
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
@@ -28,6 +35,20 @@ def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
         nan = float("nan")
         return {f"{prefix}/mean": nan, f"{prefix}/max": nan, f"{prefix}/min": nan}
     return {f"{prefix}/mean": x.mean().item(), f"{prefix}/max": x.max().item(), f"{prefix}/min": x.min().item()}
+
+
+def _compute_response_info(batch) -> dict[str, torch.Tensor]:
+    """`prompt_length` and `response_length` [B] (float) of a batch: taken from the batch when it
+    carries them, else counted on `attention_mask` [B, P+R] (its last R columns are the response)."""
+    b = batch.batch
+    if "prompt_length" in b.keys() and "response_length" in b.keys():
+        return {"prompt_length": b["prompt_length"], "response_length": b["response_length"]}
+    width = b["responses"].shape[-1]
+    attention = b["attention_mask"]
+    return {
+        "prompt_length": attention[:, :-width].sum(-1).float(),
+        "response_length": attention[:, -width:].sum(-1).float(),
+    }
 
 
 def compute_vf_explained_var(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
@@ -53,11 +74,12 @@ def compute_data_metrics(
     ratios (share of responses that hit the limit); default: the padded width of the tensors.
     """
     b = batch.batch
-    responses = b["responses"]
-    resp_width = responses.shape[-1]
+    resp_width = b["responses"].shape[-1]
     mask = b["response_mask"].bool() if "response_mask" in b.keys() else b["attention_mask"][:, -resp_width:].bool()
-    resp_len = mask.sum(-1).float()
-    prompt_len = b["attention_mask"][:, :-resp_width].sum(-1).float()
+    # lengths count every response token the model saw (tool observations of a multi-turn
+    # rollout too), as upstream's; the statistics of advantages and returns use `response_mask`
+    lengths = _compute_response_info(batch)
+    resp_len, prompt_len = lengths["response_length"].float(), lengths["prompt_length"].float()
     max_resp = max_response_length or resp_width
     max_prompt = max_prompt_length or b["attention_mask"].shape[-1] - resp_width
 
@@ -141,33 +163,33 @@ def compute_timing_metrics(batch, timing_raw: dict[str, float]) -> dict[str, flo
     """`timing_s/{phase}` for every timed phase and `timing_per_token_ms/{phase}`.
 
     Per-token times divide by the tokens the phase processed: generation by response tokens,
-    the forward/backward phases by prompt + response tokens.
+    the forward/backward phases by prompt + response tokens; 0.0 when there were none.
     """
-    b = batch.batch
-    resp_width = b["responses"].shape[-1]
-    n_resp = int(
-        b["response_mask"].sum().item()
-        if "response_mask" in b.keys()
-        else b["attention_mask"][:, -resp_width:].sum().item()
-    )
-    n_all = int(b["attention_mask"].sum().item())
+    lengths = _compute_response_info(batch)
+    n_resp = float(lengths["response_length"].sum().item())
+    n_all = n_resp + float(lengths["prompt_length"].sum().item())
     tokens = {
         "gen": n_resp,
         **{k: n_all for k in ("ref", "old_log_prob", "values", "adv", "update_critic", "update_actor", "reward")},
     }
     metrics = {f"timing_s/{k}": float(v) for k, v in timing_raw.items()}
     for k, v in timing_raw.items():
-        if k in tokens and tokens[k] > 0:
-            metrics[f"timing_per_token_ms/{k}"] = 1000.0 * float(v) / tokens[k]
+        if k in tokens:
+            metrics[f"timing_per_token_ms/{k}"] = 1000.0 * float(v) / tokens[k] if tokens[k] > 0 else 0.0
     return metrics
 
 
 def compute_throughout_metrics(batch, timing_raw: dict[str, float], n_gpus: int) -> dict[str, float]:
-    """Tokens of the step (prompt + response, valid only), time per step and tokens/s/worker.
+    """Tokens of the step, time per step and tokens/s/worker.
 
+    The tokens are `meta_info["global_token_num"]` (valid tokens per sequence, set by the
+    trainer before the update) when present, else the valid tokens of `attention_mask`.
     (Upstream's spelling "throughout" is kept for compatibility.)
     """
-    total_tokens = int(batch.batch["attention_mask"].sum().item())
+    if "global_token_num" in batch.meta_info:
+        total_tokens = int(sum(batch.meta_info["global_token_num"]))
+    else:
+        total_tokens = int(batch.batch["attention_mask"].sum().item())
     step_time = float(timing_raw["step"])
     return {
         "perf/total_num_tokens": total_tokens,
@@ -301,6 +323,308 @@ def process_validation_metrics(
                         out[f"maj@{k}/std"].append(maj.std())
         result[ds] = {var: {name: float(np.mean(v)) for name, v in stats.items()} for var, stats in per_prompt.items()}
     return result
+
+
+# ------------------------------------------------------------------- MoE load balance
+# A rollout engine that reports the experts its router picked returns `routed_experts`
+# [B, S, layers, top_k] (expert ids per token, S >= R covering the response at the end). The
+# metrics say how far each layer's expert load is from uniform: with `share` the fraction of a
+# layer's assignments that went to an expert and E experts, `violation = share * E - 1` (0 for a
+# perfectly balanced layer, E - 1 when one expert takes everything).
+
+# architectures whose `num_local_experts` is the global expert count (elsewhere it is per rank)
+_NUM_LOCAL_EXPERTS_MODEL_TYPES = frozenset({"gpt_oss", "mixtral"})
+
+
+def _config_field(config: Any, name: str, default: Any = None) -> Any:
+    """`config[name]` for mappings / OmegaConf / our dataclasses, else the attribute."""
+    if hasattr(config, "get"):
+        return config.get(name, default)
+    return getattr(config, name, default)
+
+
+def get_hf_config_override_kwargs(override_config: Any) -> dict[str, Any]:
+    """The Hugging Face config overrides of `model.override_config`: its `model_config` part when
+    it has one (upstream's nested form), else the whole mapping; {} when empty."""
+    if isinstance(override_config, DictConfig):
+        override_config = OmegaConf.to_container(override_config, resolve=True)
+    if not override_config:
+        return {}
+    return dict(override_config.get("model_config", override_config))
+
+
+def infer_moe_num_experts(model_config: Any) -> int | None:
+    """The number of routed experts named by a model config (or the `model` section of ours),
+    looking at it, its `hf_config` (and that one's `text_config`), its `text_config` and its
+    `override_config` (and that one's `model_config` / `text_config`), in this order. Reads
+    `num_experts`, `n_routed_experts`, and `num_local_experts` for the architectures where that
+    is the global count; None when no candidate names one."""
+    candidates = [model_config]
+    hf_config = _config_field(model_config, "hf_config")
+    if hf_config is not None:
+        candidates += [hf_config, _config_field(hf_config, "text_config")]
+    candidates.append(_config_field(model_config, "text_config"))
+    override = _config_field(model_config, "override_config")
+    if override is not None:
+        candidates += [override, _config_field(override, "model_config"), _config_field(override, "text_config")]
+    for candidate in candidates:
+        if candidate is None:
+            continue
+        for name in ("num_experts", "n_routed_experts"):
+            value = _config_field(candidate, name)
+            if value is not None:
+                return int(value)
+        if _config_field(candidate, "model_type") in _NUM_LOCAL_EXPERTS_MODEL_TYPES:
+            value = _config_field(candidate, "num_local_experts")
+            if value is not None:
+                return int(value)
+    return None
+
+
+def infer_rollout_moe_num_experts(model_config: Any) -> int | None:
+    """`infer_moe_num_experts`, reading the model's Hugging Face config from disk (with the
+    overrides of `override_config` applied) when the in-memory config does not say."""
+    found = infer_moe_num_experts(model_config)
+    if found is not None:
+        return found
+    path = (
+        _config_field(model_config, "local_hf_config_path")
+        or _config_field(model_config, "hf_config_path")
+        or _config_field(model_config, "path")
+    )
+    if path is None:
+        return None
+    local = copy_to_local(path, use_shm=_config_field(model_config, "use_shm", False))
+    hf_config = AutoConfig.from_pretrained(
+        local, trust_remote_code=_config_field(model_config, "trust_remote_code", False)
+    )
+    overrides = get_hf_config_override_kwargs(_config_field(model_config, "override_config", {}))
+    if overrides:
+        update_model_config(hf_config, overrides)
+    return infer_moe_num_experts(hf_config)
+
+
+def _routed_response_mask(response_mask: torch.Tensor) -> torch.Tensor:
+    """`response_mask` [B, R] without each row's last valid position: the last sampled token is
+    never fed back through the model, so its `routed_experts` slot is filler, not a record."""
+    mask = response_mask.bool()
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = torch.where(mask, positions, -1).amax(dim=-1, keepdim=True)  # [B, 1]; -1: empty row
+    return mask & (positions != last)
+
+
+def _compute_rollout_moe_load_counts(
+    routed_experts: torch.Tensor | None, response_mask: torch.Tensor | None, num_experts: int | None
+) -> torch.Tensor | None:
+    """Assignments per (layer, expert) [layers, E] over the response tokens that were routed.
+
+    `routed_experts` [B, S, layers, top_k] (its last R positions are the response),
+    `response_mask` [B, R]. None (with a log line for malformed input) when there is nothing
+    to count, the shapes do not fit, or an expert id lies outside [0, num_experts)."""
+    if routed_experts is None or response_mask is None or not num_experts or num_experts <= 0:
+        return None
+    if routed_experts.dim() != 4:
+        logger.warning("routed_experts must be [batch, seq, layers, top_k], got shape %s", tuple(routed_experts.shape))
+        return None
+    if response_mask.dim() != 2 or response_mask.shape[0] != routed_experts.shape[0]:
+        logger.warning(
+            "response_mask shape %s does not fit routed_experts %s",
+            tuple(response_mask.shape),
+            tuple(routed_experts.shape),
+        )
+        return None
+    width = response_mask.shape[1]
+    if width == 0:
+        return None  # (and routed_experts[:, -0:] would select everything)
+    if routed_experts.shape[1] < width:
+        logger.warning("routed_experts has %d positions for %d response tokens", routed_experts.shape[1], width)
+        return None
+    response_routed = routed_experts[:, -width:]
+    mask = _routed_response_mask(response_mask.to(response_routed.device))
+    ids = response_routed[mask].detach().to("cpu", torch.long)  # [tokens, layers, top_k]
+    if ids.numel() == 0:
+        return None
+    if ids.min() < 0 or ids.max() >= num_experts:
+        logger.warning(
+            "Skipping rollout MoE load-balance metrics: routed expert ids span [%d, %d], outside [0, %d)",
+            ids.min().item(),
+            ids.max().item(),
+            num_experts,
+        )
+        return None
+    n_layers = ids.shape[1]
+    # one bincount over (layer, expert) pairs: no [tokens, layers, top_k, E] one-hot tensor
+    flat = ids + torch.arange(n_layers).view(1, n_layers, 1) * num_experts
+    return torch.bincount(flat.reshape(-1), minlength=n_layers * num_experts).view(n_layers, num_experts)
+
+
+def _compute_rollout_moe_load_balance_metrics_from_counts(
+    load_counts: torch.Tensor | None, prefix: str = "rollout/moe"
+) -> dict[str, float]:
+    """`{prefix}/{max,min,avg}_vio/layer_{i}` per layer and their `/max` and `/avg` over layers,
+    from `load_counts` [layers, E]; avg_vio is the mean absolute violation."""
+    if load_counts is None or load_counts.numel() == 0:
+        return {}
+    counts = load_counts.double()
+    share = counts / counts.sum(dim=1, keepdim=True).clamp_min(1.0)
+    violation = share * counts.shape[1] - 1.0  # [layers, E]
+    per_layer = {
+        "max_vio": violation.max(dim=1).values,
+        "min_vio": violation.min(dim=1).values,
+        "avg_vio": violation.abs().mean(dim=1),
+    }
+    metrics = {}
+    for name, values in per_layer.items():
+        for layer, value in enumerate(values.tolist()):
+            metrics[f"{prefix}/{name}/layer_{layer}"] = value
+    for name, values in per_layer.items():
+        metrics[f"{prefix}/{name}/max"] = values.max().item()
+        metrics[f"{prefix}/{name}/avg"] = values.mean().item()
+    return metrics
+
+
+def compute_rollout_moe_load_balance_metrics(
+    routed_experts: torch.Tensor | None,
+    response_mask: torch.Tensor | None,
+    num_experts: int | None,
+    prefix: str = "rollout/moe",
+) -> dict[str, float]:
+    """Load-balance violations of one batch's rollout routing ({} when nothing can be counted);
+    shapes as `_compute_rollout_moe_load_counts`."""
+    counts = _compute_rollout_moe_load_counts(routed_experts, response_mask, num_experts)
+    return _compute_rollout_moe_load_balance_metrics_from_counts(counts, prefix=prefix)
+
+
+class RolloutMoELoadBalanceMetricsAccumulator:
+    """Expert assignment counts summed over the steps of one logging interval.
+
+    One instance per trainer (its state is the interval's counts, the one-time warnings and
+    when to ask the rollout for `routed_experts` again); `model_config` is read once, on the
+    first update without an explicit `num_experts`, to find the expert count."""
+
+    def __init__(self, model_config: Any | None = None):
+        self.model_config = model_config
+        self.load_counts: torch.Tensor | None = None  # [layers, E]
+        self.num_experts: int | None = None
+        self.num_experts_initialized = False
+        self.routed_experts_retry_after_step = 0
+        self.warned_skip_keys: set[str] = set()
+
+    def should_request_routed_experts(self, global_steps: int) -> bool:
+        return global_steps >= self.routed_experts_retry_after_step
+
+    def defer_routed_experts_retry(self, global_steps: int, interval: int) -> None:
+        """Do not ask for `routed_experts` again before the next logging interval."""
+        self.routed_experts_retry_after_step = global_steps + max(interval, 1)
+
+    def warn_skip_once(self, key: str, message: str) -> None:
+        """Log `message` the first time `key` is seen."""
+        if key not in self.warned_skip_keys:
+            self.warned_skip_keys.add(key)
+            logger.warning(message)
+
+    def _infer_num_experts(self) -> int | None:
+        if not self.num_experts_initialized:
+            self.num_experts_initialized = True
+            if self.model_config is not None:
+                try:
+                    self.num_experts = infer_rollout_moe_num_experts(self.model_config)
+                except Exception as exc:  # noqa: BLE001 - a metric: skip it, say why once
+                    self.warn_skip_once("num_experts_exception", f"Failed to infer rollout MoE num_experts: {exc}")
+            if self.num_experts is None:
+                self.warn_skip_once(
+                    "num_experts_missing",
+                    "Skipping rollout MoE load-balance metrics: num_experts could not be inferred from "
+                    "actor_rollout_ref.model or the Hugging Face config.",
+                )
+        return self.num_experts
+
+    def update(
+        self, routed_experts: torch.Tensor | None, response_mask: torch.Tensor | None, num_experts: int | None = None
+    ) -> bool:
+        """Add one batch's counts; False when it had none to add."""
+        if num_experts is None:
+            num_experts = self._infer_num_experts()
+        counts = _compute_rollout_moe_load_counts(routed_experts, response_mask, num_experts)
+        if counts is None:
+            return False
+        if self.load_counts is not None and self.load_counts.shape != counts.shape:
+            logger.warning(
+                "Rollout MoE load counts changed shape from %s to %s: restarting the interval",
+                tuple(self.load_counts.shape),
+                tuple(counts.shape),
+            )
+            self.load_counts = None
+        self.load_counts = counts if self.load_counts is None else self.load_counts + counts
+        return True
+
+    def compute(self, prefix: str = "rollout/moe") -> dict[str, float]:
+        return _compute_rollout_moe_load_balance_metrics_from_counts(self.load_counts, prefix=prefix)
+
+    def total_assignments(self) -> int:
+        return 0 if self.load_counts is None else int(self.load_counts.sum().item())
+
+    def reset(self) -> None:
+        self.load_counts = None
+
+    def pop_metrics(self, prefix: str = "rollout/moe") -> dict[str, float]:
+        """The interval's metrics; the counts start again from zero."""
+        metrics = self.compute(prefix=prefix)
+        self.reset()
+        return metrics
+
+
+def compute_moe_lb_metrics(
+    metrics_batch,
+    moe_lb_metrics_interval: int,
+    global_steps: int,
+    accumulator: RolloutMoELoadBalanceMetricsAccumulator,
+) -> dict[str, float]:
+    """Accumulate this step's `routed_experts` and, every `moe_lb_metrics_interval` steps, the
+    interval's metrics plus `rollout/moe/routed_experts_found` and
+    `rollout/moe/routed_expert_assignments`; {} on the other steps and when the interval is 0."""
+    if moe_lb_metrics_interval <= 0:
+        return {}
+    updated = accumulator.update(
+        routed_experts=metrics_batch.batch.get("routed_experts", None),
+        response_mask=metrics_batch.batch.get("response_mask", None),
+    )
+    if global_steps % moe_lb_metrics_interval != 0:
+        return {}
+    assignments = accumulator.total_assignments()
+    metrics = accumulator.pop_metrics()
+    metrics["rollout/moe/routed_experts_found"] = float(assignments > 0)
+    metrics["rollout/moe/routed_expert_assignments"] = assignments
+    if not updated and assignments == 0:
+        accumulator.warn_skip_once(
+            "no_routed_expert_counts", "Skipping rollout MoE load-balance metrics: no routed expert counts were found."
+        )
+    return metrics
+
+
+def get_metric_data_with_optional_routed_experts(
+    keys: list[str],
+    partition_id: str,
+    fields: list[str],
+    moe_lb_metrics_interval: int,
+    global_steps: int,
+    accumulator: RolloutMoELoadBalanceMetricsAccumulator,
+    kv_batch_get: Callable[..., Any],
+):
+    """`kv_batch_get(keys=, partition_id=, select_fields=)` for the metric fields, asking for
+    `routed_experts` too while load-balance metrics are on. A store without that field (a
+    ValueError naming it) is asked again without it, and not asked for it again before the
+    next interval."""
+    if moe_lb_metrics_interval <= 0 or not accumulator.should_request_routed_experts(global_steps):
+        return kv_batch_get(keys=keys, partition_id=partition_id, select_fields=fields)
+    try:
+        return kv_batch_get(keys=keys, partition_id=partition_id, select_fields=[*fields, "routed_experts"])
+    except ValueError as exc:
+        if "routed_experts" not in str(exc):
+            raise
+        accumulator.defer_routed_experts_retry(global_steps, moe_lb_metrics_interval)
+        accumulator.warn_skip_once("missing_routed_experts", f"Skipping rollout MoE load-balance metrics: {exc}")
+        return kv_batch_get(keys=keys, partition_id=partition_id, select_fields=fields)
 
 
 # ---------------------------------------------------------------------------------- MFU

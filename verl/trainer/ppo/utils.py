@@ -107,7 +107,12 @@ def reference_in_actor(config: Any) -> bool:
 
 
 def need_reward_model(config: Any) -> bool:
-    return bool(_get(config, "reward_model.enable", False))
+    """`reward.reward_model.enable` (upstream main's key); the old `reward_model.enable` wins when
+    it is set (not null), as the yaml documents."""
+    old = _get(config, "reward_model.enable")
+    if old is not None:
+        return bool(old)
+    return bool(_get(config, "reward.reward_model.enable", False))
 
 
 @dataclass

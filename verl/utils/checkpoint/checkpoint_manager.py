@@ -56,6 +56,18 @@ def should_save_ckpt_contents(contents, name: str) -> bool:
     return name in set(contents or [])
 
 
+def _as_mapping(config) -> dict:
+    """A checkpoint config as a plain dict: a mapping, or an object with `get` and iterable keys
+    (`BaseConfig`), or None (empty)."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return dict(config)
+    if hasattr(config, "items"):
+        return dict(config.items())
+    return {key: config.get(key) for key in config}
+
+
 def _rank_and_world(group=None) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(group), dist.get_world_size(group)
@@ -73,8 +85,9 @@ class BaseCheckpointManager:
     Args:
         model, optimizer, lr_scheduler: what to save (optimizer/scheduler may be None).
         processing_class: tokenizer or processor saved beside the weights (may be None).
-        checkpoint_config: mapping with `save_contents` (subset of model, optimizer, extra,
-            hf_model) and optionally `load_contents` (default: save_contents).
+        checkpoint_config: mapping (or a config object such as `verl.trainer.config.CheckpointConfig`)
+            with `save_contents` (subset of model, optimizer, extra, hf_model), optionally
+            `load_contents` (default: save_contents) and `save_lora_only`.
     """
 
     ALLOWED_CONTENTS = ("model", "optimizer", "extra", "hf_model")
@@ -92,7 +105,8 @@ class BaseCheckpointManager:
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.processing_class = processing_class
-        cfg = dict(checkpoint_config or {})
+        self.checkpoint_config = checkpoint_config
+        cfg = _as_mapping(checkpoint_config)
         self.save_contents = list(cfg.get("save_contents") or ["model", "optimizer", "extra"])
         self.load_contents = list(cfg.get("load_contents") or self.save_contents)
         for key, contents in (("save_contents", self.save_contents), ("load_contents", self.load_contents)):
@@ -103,6 +117,17 @@ class BaseCheckpointManager:
         self.rank, self.world_size = _rank_and_world(process_group)
         self.previous_saved_paths: list[str] = []
         self.previous_global_step: int | None = None
+
+    @property
+    def should_save_lora_only(self) -> bool:
+        """`checkpoint_config.save_lora_only`: a LoRA model writes only its adapter (false when unset)."""
+        return bool(_as_mapping(self.checkpoint_config).get("save_lora_only", False))
+
+    @staticmethod
+    def is_lora_only_state_dict(state_dict: dict | None) -> bool:
+        """True when every key of a (non-empty) state dict is an adapter weight (`lora_*` or
+        `.adapter_*`): a LoRA-only checkpoint rather than full model weights."""
+        return bool(state_dict) and all("lora_" in k or ".adapter_" in k for k in state_dict)
 
     # -- retention -----------------------------------------------------------------------------
 

@@ -196,7 +196,7 @@ class FSDPCheckpointManager(BaseCheckpointManager):
             process_group=process_group,
         )
         # LoRA: write only the adapter, no merged export (upstream's checkpoint.save_lora_only)
-        self.save_lora_only = bool(dict(checkpoint_config or {}).get("save_lora_only", False))
+        self.save_lora_only = self.should_save_lora_only
 
     def save_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None

@@ -2,9 +2,10 @@
 
 from verl.workers.config.actor import ActorConfig, FSDPActorConfig, PolicyLossConfig, RefConfig
 from verl.workers.config.critic import CriticConfig, FSDPCriticConfig, RewardModelConfig
-from verl.workers.config.engine import FSDPEngineConfig, MixedPrecisionConfig
+from verl.workers.config.engine import FSDPEngineConfig, McoreEngineConfig, MixedPrecisionConfig
+from verl.workers.config.megatron import McoreActorConfig
 from verl.workers.config.model import HFModelConfig
-from verl.workers.config.optimizer import OptimizerConfig
+from verl.workers.config.optimizer import FSDPOptimizerConfig, McoreOptimizerConfig, OptimizerConfig
 from verl.workers.config.rollout import AgentLoopConfig, MultiTurnConfig, RolloutConfig, SamplingConfig
 
 __all__ = [
@@ -19,6 +20,10 @@ __all__ = [
     "MixedPrecisionConfig",
     "HFModelConfig",
     "OptimizerConfig",
+    "FSDPOptimizerConfig",
+    "McoreActorConfig",
+    "McoreEngineConfig",
+    "McoreOptimizerConfig",
     "AgentLoopConfig",
     "MultiTurnConfig",
     "RolloutConfig",

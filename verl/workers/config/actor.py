@@ -122,11 +122,53 @@ class ActorConfig(BaseConfig):
     # upstream's engine config and model config objects (set by its workers); null here
     engine: Any = None
     model_config: Any = None
+    # sequences per micro-batch of the actor's log-prob pass; null = rollout.log_prob_micro_batch_size_per_gpu
+    ppo_infer_micro_batch_size_per_gpu: int | None = None
+    # token budget of a dynamic micro-batch of that pass; null = rollout.log_prob_max_token_len_per_gpu
+    ppo_infer_max_token_len_per_gpu: int | None = None
+    # refused when true: no vision tower to freeze (text models)
+    freeze_vision_tower: bool = False
+    # refused when qat.enable is true: no quantization-aware training
+    qat: dict = field(default_factory=lambda: {"enable": False})
+
+    # the training backends this class describes (McoreActorConfig: megatron)
+    _STRATEGIES = ("fsdp", "fsdp2")
 
     def __post_init__(self):
         owner = "actor_rollout_ref.actor"
-        check_choice(owner, "strategy", self.strategy, ("fsdp", "fsdp2"))
-        check_choice(owner, "loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        check_choice(owner, "strategy", self.strategy, self._STRATEGIES)
+        if self.freeze_vision_tower:
+            raise ValueError(
+                f"{owner}.freeze_vision_tower=True is not available: this verl trains text models (no vision "
+                "tower to freeze); leave it false"
+            )
+        qat = self.qat or {}
+        if (qat.get("enable") if hasattr(qat, "get") else getattr(qat, "enable", False)) is True:
+            raise ValueError(
+                f"{owner}.qat.enable=True is not available: quantization-aware training is not implemented "
+                "(available: bf16/fp32 training); leave it false"
+            )
+        check_range(
+            owner,
+            "ppo_infer_micro_batch_size_per_gpu",
+            self.ppo_infer_micro_batch_size_per_gpu,
+            low=1,
+            allow_none=True,
+        )
+        check_range(
+            owner, "ppo_infer_max_token_len_per_gpu", self.ppo_infer_max_token_len_per_gpu, low=1, allow_none=True
+        )
+        if not self.use_dynamic_bsz and None not in (self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu):
+            raise ValueError(
+                f"[actor] You have set both '{owner}.ppo_micro_batch_size'={self.ppo_micro_batch_size} AND "
+                f"'{owner}.ppo_micro_batch_size_per_gpu'={self.ppo_micro_batch_size_per_gpu}: remove the deprecated "
+                "ppo_micro_batch_size (only one of them would be used)"
+            )
+        if self.loss_agg_mode not in LOSS_AGG_MODES:  # upstream's first words
+            raise ValueError(
+                f"Invalid loss_agg_mode: {owner}.loss_agg_mode={self.loss_agg_mode!r}; "
+                f"expected one of {list(LOSS_AGG_MODES)}"
+            )
         check_choice(owner, "kl_loss_type", self.kl_loss_type, KL_TYPES)
         check_range(owner, "ppo_mini_batch_size", self.ppo_mini_batch_size, low=1)
         check_range(owner, "ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, low=1, allow_none=True)
@@ -150,6 +192,33 @@ class ActorConfig(BaseConfig):
                 f"{owner}.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size}: "
                 "sequence parallelism is not implemented; use 1"
             )
+
+    def validate(self, n_gpus: int, train_batch_size: int, model_config: dict | None = None) -> None:
+        """Upstream's run-time checks of the batch sizes against the job (fixed-size micro-batches
+        only): a train batch of at least one mini-batch, and the deprecated global
+        `ppo_micro_batch_size` dividing the mini-batch and covering every worker. (The trainer's
+        own checks, `verl.trainer.ppo.utils.validate_config`, run these and more.)"""
+        del model_config  # upstream reads use_remove_padding for sequence parallelism, refused here
+        if self.use_dynamic_bsz:
+            return
+        owner = "actor_rollout_ref.actor"
+        if train_batch_size < self.ppo_mini_batch_size:
+            raise ValueError(
+                f"data.train_batch_size ({train_batch_size}) must be >= {owner}.ppo_mini_batch_size "
+                f"({self.ppo_mini_batch_size})"
+            )
+        mbs = self.ppo_micro_batch_size
+        if mbs is not None:
+            if self.ppo_mini_batch_size % mbs != 0:
+                raise ValueError(
+                    f"{owner}.ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
+                    f"{owner}.ppo_micro_batch_size ({mbs})"
+                )
+            if mbs * self.ulysses_sequence_parallel_size < n_gpus:
+                raise ValueError(
+                    f"{owner}.ppo_micro_batch_size ({mbs}) * ulysses_sequence_parallel_size "
+                    f"({self.ulysses_sequence_parallel_size}) must be >= n_gpus ({n_gpus})"
+                )
 
     @property
     def global_batch_info(self) -> dict:

@@ -1,10 +1,12 @@
-"""FSDP2 engine config (`*.fsdp_config`)."""
+"""FSDP2 engine config (`*.fsdp_config`), and upstream's Megatron-LM engine config
+(`McoreEngineConfig`: validates, refused by the workers; see `verl.workers.config.megatron`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from verl.base_config import BaseConfig, check_choice
+from verl.base_config import BaseConfig, check_choice, check_range
 
 DTYPES = ("fp32", "bf16", "fp16")
 # upstream scripts also write torch's names (`model_dtype=bfloat16`); they mean the same dtypes
@@ -63,3 +65,45 @@ class FSDPEngineConfig(BaseConfig):
         check_choice("fsdp_config", "model_dtype", self.model_dtype, DTYPES + ("float32", "bfloat16", "float16"))
         if self.fsdp_size == 0 or self.fsdp_size < -1:
             raise ValueError(f"fsdp_config.fsdp_size={self.fsdp_size} must be -1 (all workers) or a positive int")
+
+
+@dataclass
+class McoreEngineConfig(BaseConfig):
+    """Megatron-LM parallelism and placement (`*.megatron`)."""
+
+    _mutable_fields = BaseConfig._mutable_fields | {"sequence_parallel"}
+
+    tensor_model_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    context_parallel_size: int = 1
+    sequence_parallel: bool = True
+    use_distributed_optimizer: bool = True
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+    seed: int = 42
+    dtype: str = "bfloat16"
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: str | None = None
+    override_ddp_config: dict[str, Any] = field(default_factory=dict)
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)
+    use_mbridge: bool = True
+    strategy: str = "megatron"
+
+    def __post_init__(self):
+        owner = "megatron"
+        check_choice(owner, "strategy", self.strategy, ("megatron",))
+        check_choice(owner, "dtype", self.dtype, ("bfloat16", "float16"))
+        for key in (
+            "tensor_model_parallel_size",
+            "expert_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+        ):
+            check_range(owner, key, getattr(self, key), low=1)
+        check_range(owner, "expert_tensor_parallel_size", self.expert_tensor_parallel_size, low=1, allow_none=True)
+        if self.tensor_model_parallel_size == 1:
+            self.sequence_parallel = False  # sequence parallelism splits along the tensor-parallel group

@@ -167,6 +167,13 @@ class AbstractRewardManager:
         """One bounded call of the scoring function; errors and timeouts become `ScoreError`."""
         return self.run_bounded([self.score_kwargs(item)])[0]
 
+    def _decode_all(self, ids: list[list[int]]) -> list[str]:
+        """`batch_decode` when the tokenizer has it, else one `decode` per sequence (upstream's
+        managers decode one by one, so tokenizers written for them may have only `decode`)."""
+        if hasattr(self.tokenizer, "batch_decode"):
+            return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return [self.tokenizer.decode(x, skip_special_tokens=True) for x in ids]
+
     def run_bounded(
         self,
         calls: list[dict],
@@ -226,8 +233,8 @@ class AbstractRewardManager:
         prompt_ids = [prompts[i][prompt_mask[i]].tolist() for i in range(len(resp_lens))]
         # response tokens are left-aligned: the first `len` positions are the generated ones
         resp_ids = [responses[i, :n].tolist() for i, n in enumerate(resp_lens)]
-        prompt_strs = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=True)
-        resp_strs = self.tokenizer.batch_decode(resp_ids, skip_special_tokens=True)
+        prompt_strs = self._decode_all(prompt_ids)
+        resp_strs = self._decode_all(resp_ids)
 
         ntb = data.non_tensor_batch
         if self.reward_fn_key not in ntb:

@@ -61,6 +61,8 @@ class AgentRollout:
     def generate_sequences(self, prompts):
         meta = prompts.meta_info
         eos_ids = eos_id_list(meta.get("eos_token_id", self.tokenizer.eos_token_id))
+        # a tool-call format whose turns end with a token of its own (Kimi's <|im_end|>) stops there too
+        eos_ids += [t for t in self.worker.tool_parser.stop_token_ids if t not in eos_ids]
         pad_id = meta.get("pad_token_id", self.tokenizer.pad_token_id)
         pad_id = int(pad_id if pad_id is not None else (eos_ids[0] if eos_ids else 0))
         generator = None

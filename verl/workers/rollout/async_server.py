@@ -20,17 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from verl.workers.rollout.replica import TokenOutput
+
 __all__ = ["TokenOutput", "GenerationRequest", "BatchingGenerationServer"]
-
-
-@dataclass
-class TokenOutput:
-    """One generated turn: `token_ids` (EOS included when it ended there), the sampler's
-    `log_probs` of those tokens, and `stop_reason` (`"eos"` or `"length"`)."""
-
-    token_ids: list[int]
-    log_probs: list[float]
-    stop_reason: str = "eos"
 
 
 @dataclass

@@ -1,0 +1,43 @@
+"""`CheckpointConfig` (upstream's `verl.trainer.config.CheckpointConfig`): what a role's checkpoint
+holds. The checkpoint managers (`verl.utils.checkpoint`) take it, or the same keys as a mapping
+(the `*.checkpoint` sections of ppo_trainer.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verl.base_config import BaseConfig
+
+__all__ = ["CheckpointConfig", "CHECKPOINT_CONTENTS"]
+
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+@dataclass
+class CheckpointConfig(BaseConfig):
+    """- `save_contents` / `load_contents`: subsets of model, optimizer, extra (RNG, scheduler,
+      step), hf_model (a Hugging Face export); `load_contents` null = `save_contents`.
+    - `save_lora_only`: a LoRA model writes only its adapter (`lora_adapter/`, peft format), no
+      merged export unless `hf_model` is listed; no effect without LoRA.
+    - `async_save`: refused when true (saving is synchronous and atomic here).
+    - `strict`: no effect; checkpoints here always load strictly (every weight must match).
+    """
+
+    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    load_contents: list[str] | None = None
+    async_save: bool = False
+    strict: bool = True
+    save_lora_only: bool = False
+
+    def __post_init__(self):
+        if self.load_contents is None:
+            self.load_contents = list(self.save_contents)
+        for key in ("save_contents", "load_contents"):
+            bad = sorted(set(getattr(self, key)) - set(CHECKPOINT_CONTENTS))
+            if bad:
+                raise ValueError(f"checkpoint.{key} has unknown entries {bad}; accepted: {list(CHECKPOINT_CONTENTS)}")
+        if self.async_save:
+            raise ValueError(
+                "checkpoint.async_save=True is not available: asynchronous checkpoint saving is not implemented "
+                "(available: synchronous atomic saving)"
+            )
