@@ -28,6 +28,7 @@ from verl.trainer.config import (
     TrainerConfig,
 )
 from verl.trainer.config.derived import DerivedConfig, derive
+from verl.trainer.config.reward import RewardConfig
 from verl.trainer.config.sections import SECTION_DATACLASSES  # noqa: F401 - re-exported (key listings)
 from verl.utils.config import ConfigTypeError, omega_conf_to_dataclass
 from verl.utils.py_functional import config_get
@@ -66,6 +67,7 @@ TOP_LEVEL_SECTIONS = (
     "critic",
     "reward_model",
     "custom_reward_function",
+    "reward",
     "algorithm",
     "trainer",
     "ray_kwargs",
@@ -132,6 +134,7 @@ class ValidatedConfig:
     # the batch plans and loss-scale default (verl/trainer/config/derived.py); the number of
     # training steps is filled in by the trainer once the dataloader exists
     derived: DerivedConfig | None = None
+    reward: RewardConfig | None = None  # `reward.*` (the reward loop's section)
 
 
 def external_module_list(config: Any) -> list[str]:
@@ -282,6 +285,7 @@ def _convert_sections(cfg: DictConfig) -> ValidatedConfig:
         use_reference_policy=need_reference_policy(cfg),
         use_rm=need_reward_model(cfg),
         n_workers=0,
+        reward=conv(cfg.get("reward"), RewardConfig, _path="reward"),
     )
     v.n_workers = v.trainer.nnodes * v.trainer.n_gpus_per_node
     return v
