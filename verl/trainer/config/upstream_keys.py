@@ -171,6 +171,8 @@ EMBEDDED_PRESET: dict[str, Any] = {
     "critic.data_loader_seed": 1,
     "critic.fsdp.wrap_policy": {},
     "algorithm.filter_groups.metric": "acc",
+    # the toy task's rule reward takes microseconds: one reward worker (a Ray actor costs seconds to start)
+    "reward.num_workers": 1,
     "trainer.total_epochs": 2,
     "trainer.project_name": "verl",
     "trainer.experiment_name": "default",
