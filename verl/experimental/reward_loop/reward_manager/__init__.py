@@ -7,6 +7,7 @@ from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
 from verl.experimental.reward_loop.reward_manager.gdpo import GDPORewardManager
 from verl.experimental.reward_loop.reward_manager.limited import RateLimitedRewardManager
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+from verl.experimental.reward_loop.reward_manager.remote import RemoteRewardManager
 
 __all__ = [
     "REWARD_MANAGER",
@@ -14,6 +15,7 @@ __all__ = [
     "GDPORewardManager",
     "NaiveRewardManager",
     "RateLimitedRewardManager",
+    "RemoteRewardManager",
     "RewardManagerBase",
     "get_reward_manager_cls",
     "register",
