@@ -291,3 +291,46 @@ def test_reward_section_defaults_are_upstreams():
         RewardConfig(num_workers=0)
     with pytest.raises(ValueError, match=r"reward.reward_manager.source='pip' is not allowed"):
         omega_conf_to_dataclass({"reward_manager": {"source": "pip"}}, RewardConfig)
+
+
+def test_weighted_components_are_summed_and_each_is_a_column(tmp_path):
+    from verl.trainer.ppo.reward import reward_component_metrics
+
+    example = str(__import__("pathlib").Path(__file__).resolve().parents[3] / "docs/examples/reward_components.py")
+    components = [
+        {"name": "correct", "path": example, "function": "correct", "weight": 1.0},
+        {"name": "brevity", "path": example, "function": "brevity", "weight": 0.5, "reward_kwargs": {"limit": 2}},
+    ]
+    loop = RewardLoopManager(config(components=components), tokenizer=DigitTokenizer(), backend="local")
+    # "3": correct, short (brevity 1); "456": wrong, 3 chars (brevity 2 - 3/2 = 0.5); "4444": wrong, brevity 0
+    out = loop(make_batch(["3$", "456$", "4444$"], ["3", "4", "4"]), return_dict=True)
+    assert out["reward_tensor"].sum(-1).tolist() == [1.0 + 0.5 * 1.0, 0.0 + 0.5 * 0.5, 0.0]
+    assert out["reward_extra_info"]["correct"] == [1.0, 0.0, 0.0]
+    assert out["reward_extra_info"]["brevity"] == [1.0, 0.5, 0.0]
+    metrics = reward_component_metrics(loop, out["reward_extra_info"])
+    assert metrics == {"reward/correct/mean": pytest.approx(1 / 3), "reward/brevity/mean": pytest.approx(0.5)}
+
+
+def test_bad_components_fail_naming_the_entry():
+    for bad, match in (
+        ([{"name": "a", "wieght": 1}], r"reward.components\[0\] has unknown key\(s\) \['wieght'\]"),
+        ([{"name": "a"}, {"name": "a"}], r"reward.components\[1\].name='a' must be a unique name"),
+        ([{"name": "a", "weight": "high"}], r"reward.components\[0\].weight='high' must be a number"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            RewardLoopWorker(config(components=bad), tokenizer=DigitTokenizer())
+    with pytest.raises(ValueError, match="reward.components and reward.custom_reward_function.path"):
+        cfg = config(components=[{"name": "a"}], custom_reward_function={"path": "x.py"})
+        RewardLoopWorker(cfg, tokenizer=DigitTokenizer())
+
+
+def test_a_failing_component_is_a_counted_error_naming_it():
+    from verl.experimental.reward_loop.components import Component, WeightedComponents
+
+    def broken(data_source, solution_str, ground_truth, extra_info=None):
+        return "n/a"
+
+    fn = WeightedComponents([Component("ok", exact, 1.0), Component("broken", broken, 1.0)])
+    m = manager(fn)
+    (out,) = run(_worker_of(m).compute_score_batch(make_batch(["3$"], ["3"])))
+    assert out["reward_extra_info"]["score_error"] and out["reward_score"] == 0.0

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from verl.experimental.reward_loop.components import load_components
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase, config_get
 from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER, get_reward_manager_cls
 from verl.protocol import DataProto
@@ -107,10 +108,19 @@ def uses_reward_loop(config: Any) -> bool:
 
 def load_compute_score(config: Any):
     """The scoring function of `reward.custom_reward_function.{path,name}` with its
-    `reward_kwargs` bound, or None (the shipped `default_compute_score`)."""
+    `reward_kwargs` bound, or the weighted `reward.components` (see `components.py`), or None
+    (the shipped `default_compute_score`)."""
     from verl.utils.import_utils import load_extern_type
 
     path = config_get(config, "reward.custom_reward_function.path")
+    components = load_components(config_get(config, "reward.components"))
+    if components is not None:
+        if path:
+            raise ValueError(
+                f"reward.components and reward.custom_reward_function.path={path!r} are both set: give the "
+                "function as one of the components (or unset reward.components)"
+            )
+        return components
     if not path:
         return None
     name = config_get(config, "reward.custom_reward_function.name", "compute_score")
@@ -187,6 +197,8 @@ class RewardLoopManager:
         if backend not in ("ray", "local"):
             raise ValueError(f"RewardLoopManager backend={backend!r}; expected 'ray', 'local' or None")
         self.backend = backend
+        # the extra-info columns the trainer logs as reward/<name>/mean (reward.components)
+        self.component_names = [str(c["name"]) for c in (config_get(config, "reward.components") or [])]
         self.num_workers = int(config_get(config, "reward.num_workers", 1))
         if self.num_workers < 1:
             raise ValueError(f"reward.num_workers={self.num_workers} must be >= 1")

@@ -94,6 +94,8 @@ class RewardConfig(BaseConfig):
       `truncation_penalty`, `overlong_buffer_cfg`, ...).
     - `max_concurrent`, `max_rpm`, `max_tpm`, `estimated_tokens_per_request`, `timeout`: the
       limits of the `rate_limited` manager (upstream's keys).
+    - `components`: several scoring functions `{name, path, function, weight, reward_kwargs}`;
+      the score is their weighted sum and each is logged as `reward/<name>/mean`.
     """
 
     num_workers: int = 8
@@ -107,6 +109,8 @@ class RewardConfig(BaseConfig):
     max_tpm: float | None = None
     estimated_tokens_per_request: int = 2000
     timeout: float = 300.0
+    # ours (not upstream's): several scoring functions with weights, see docs/reward_loop.md
+    components: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self):
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 1:

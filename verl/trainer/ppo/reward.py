@@ -118,6 +118,16 @@ def build_reward_fns(config: Any, tokenizer, backend: str | None = None) -> tupl
     )
 
 
+def reward_component_metrics(reward_fn: Any, extra: dict[str, list]) -> dict[str, float]:
+    """`reward/<name>/mean` of each weighted reward component (`reward.components`) in `extra`."""
+    out = {}
+    for name in getattr(reward_fn, "component_names", ()):
+        values = [float(v) for v in extra.get(name, []) if v is not None]
+        if values:
+            out[f"reward/{name}/mean"] = sum(values) / len(values)
+    return out
+
+
 def extract_reward(batch) -> tuple[Any, dict]:
     """(`rm_scores` [B, R], {extra-info key: column}) of a batch scored by the reward loop."""
     keys = batch.meta_info.get("reward_extra_keys", [])
