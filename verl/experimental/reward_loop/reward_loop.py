@@ -100,7 +100,8 @@ def uses_reward_loop(config: Any) -> bool:
     if name in REWARD_MANAGER_REGISTRY:
         return False
     raise ValueError(
-        f"Unknown reward manager: {name}. reward.reward_manager.name={name!r} is not registered; reward-loop "
+        f"Unknown reward manager: {name}. reward.reward_manager.name={name!r} (legacy spelling "
+        f"reward_model.reward_manager) is not registered; reward-loop "
         f"managers: {sorted(REWARD_MANAGER)}, driver-side managers: {sorted(REWARD_MANAGER_REGISTRY)} "
         "(or source=importlib with module.path)"
     )

@@ -236,6 +236,6 @@ def apply_reward_section(raw: dict) -> None:
     if reward.get("reward_kwargs"):
         rm["reward_kwargs"] = reward["reward_kwargs"]
     new_rm = reward.get("reward_model") or {}
-    rm["enable"] = bool(new_rm.get("enable", False))
+    rm["enable"] = new_rm.get("enable", False)  # not coerced: a bad value fails its type check
     if new_rm.get("model_path") is not None:
         rm.setdefault("model", {})["path"] = new_rm["model_path"]

@@ -103,6 +103,32 @@ def resolve_reward_manager_cls(config: Any) -> type:
     return resolve(config)
 
 
+def checked_by_reward_loop(v: Any) -> bool:
+    """Whether the reward loop scores the run of the validated config `v`; if so, its manager name
+    and the keys of `reward.reward_kwargs` are checked here (before Ray starts)."""
+    if getattr(v, "reward", None) is None:
+        return False
+    from verl.experimental.reward_loop.reward_loop import (
+        load_compute_score,
+        resolve_reward_manager_cls,
+        uses_reward_loop,
+    )
+
+    cfg = {"reward": v.reward, "data": v.data}
+    if not uses_reward_loop(cfg):
+        return False
+    load_compute_score(cfg)  # the scoring function (or reward.components) loads
+    cls = resolve_reward_manager_cls(cfg)
+    accepted = sorted(getattr(cls, "reward_kwargs_keys", ()))
+    unknown = sorted(set(v.reward.reward_kwargs or {}) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"reward.reward_kwargs.{unknown[0]}: reward.reward_manager.name={v.reward.reward_manager.name!r} "
+            f"({cls.__name__}) does not accept {unknown}; accepted keys: {accepted}"
+        )
+    return True
+
+
 def build_reward_fns(config: Any, tokenizer, backend: str | None = None) -> tuple[Any, Any]:
     """(reward_fn, val_reward_fn) of a normalised config; see the module docstring. `backend`
     (`ray` or `local`) decides where the reward workers run."""

@@ -673,10 +673,12 @@ def check_reward_functions(v: ValidatedConfig) -> None:
         )
 
     import verl.workers.reward_manager  # noqa: F401 - registers the shipped managers
+    from verl.trainer.ppo.reward import checked_by_reward_loop
     from verl.workers.reward_manager.registry import get_reward_manager_cls
 
-    cls = get_reward_manager_cls(v.reward_model.reward_manager)
-    var_kw, names = _accepted_kwargs(cls, REWARD_MANAGER_ARGS)
+    loop = checked_by_reward_loop(v)  # a reward-loop manager: its name and reward_kwargs are checked there
+    cls = None if loop else get_reward_manager_cls(v.reward_model.reward_manager)
+    var_kw, names = (True, []) if loop else _accepted_kwargs(cls, REWARD_MANAGER_ARGS)
     for key in dict(v.reward_model.reward_kwargs or {}):
         if not (var_kw or key in names):
             raise ValueError(

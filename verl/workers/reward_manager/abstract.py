@@ -226,8 +226,8 @@ class AbstractRewardManager:
         prompt_ids = [prompts[i][prompt_mask[i]].tolist() for i in range(len(resp_lens))]
         # response tokens are left-aligned: the first `len` positions are the generated ones
         resp_ids = [responses[i, :n].tolist() for i, n in enumerate(resp_lens)]
-        prompt_strs = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=True)
-        resp_strs = self.tokenizer.batch_decode(resp_ids, skip_special_tokens=True)
+        prompt_strs = _decode_all(self.tokenizer, prompt_ids)
+        resp_strs = _decode_all(self.tokenizer, resp_ids)
 
         ntb = data.non_tensor_batch
         if self.reward_fn_key not in ntb:
@@ -371,6 +371,13 @@ def _as_number(value: Any) -> float | None:
     if isinstance(value, numbers.Real):  # numpy scalars register as numbers.Real too
         return float(value)
     return None
+
+
+def _decode_all(tokenizer, seqs: list[list[int]]) -> list[str]:
+    """`batch_decode` (special tokens skipped), or one `decode` per row for a tokenizer without it."""
+    if hasattr(tokenizer, "batch_decode"):
+        return tokenizer.batch_decode(seqs, skip_special_tokens=True)
+    return [tokenizer.decode(ids, skip_special_tokens=True) for ids in seqs]
 
 
 def _row_origin(ntb: dict, i: int) -> str:
