@@ -334,3 +334,22 @@ def test_a_failing_component_is_a_counted_error_naming_it():
     m = manager(fn)
     (out,) = run(_worker_of(m).compute_score_batch(make_batch(["3$"], ["3"])))
     assert out["reward_extra_info"]["score_error"] and out["reward_score"] == 0.0
+
+
+def test_importlib_source_picks_the_path_by_the_class(tmp_path):
+    """`source: importlib` loads `module.path:name`; a `RewardManagerBase` runs in the reward loop,
+    a driver-side `AbstractRewardManager` (the legacy `file.py:Class` spelling) keeps the driver."""
+    loop_file = tmp_path / "loop_manager.py"
+    loop_file.write_text(
+        "from verl.experimental.reward_loop.reward_manager import RewardManagerBase\n\n"
+        "class Half(RewardManagerBase):\n"
+        "    async def run_single(self, data):\n"
+        "        return {'reward_score': 0.5, 'reward_extra_info': {}}\n"
+    )
+    cfg = config(reward_manager={"source": "importlib", "name": "Half", "module": {"path": str(loop_file)}})
+    assert uses_reward_loop(cfg)
+    loop = RewardLoopManager(cfg, tokenizer=DigitTokenizer(), backend="local")
+    assert loop(make_batch(["3$"], ["3"])).sum().item() == 0.5
+    example = __import__("pathlib").Path(__file__).resolve().parents[3] / "docs/examples/custom_reward_manager.py"
+    driver = {"source": "importlib", "name": "LengthPenalizedRewardManager", "module": {"path": str(example)}}
+    assert not uses_reward_loop(config(reward_manager=driver))
