@@ -220,7 +220,8 @@ def test_a_registered_user_manager_is_selected_by_name():
         async def run_single(self, data):
             return {"reward_score": 3.0, "reward_extra_info": {"constant": True}}
 
-    loop = RewardLoopManager(config(reward_manager={"name": "test_reward_loop_constant"}), tokenizer=DigitTokenizer())
+    cfg = config(reward_manager={"name": "test_reward_loop_constant"})
+    loop = RewardLoopManager(cfg, tokenizer=DigitTokenizer(), backend="local")
     out = loop(make_batch(["3$", "44$"], ["3", "3"]), return_dict=True)
     assert out["reward_tensor"][0, 1] == 3.0 and out["reward_tensor"][1, 2] == 3.0
     assert out["reward_extra_info"]["constant"] == [True, True]
