@@ -26,9 +26,9 @@ exec "${PYTHON:-python}" -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.clip_ratio_high=0.28 \
     actor_rollout_ref.actor.clip_ratio_c=10.0 \
     actor_rollout_ref.actor.loss_agg_mode=token-mean \
-    reward_model.reward_manager=dapo \
-    +reward_model.reward_kwargs.overlong_buffer_cfg.enable=True \
-    +reward_model.reward_kwargs.overlong_buffer_cfg.len=4 \
-    +reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0 \
-    +reward_model.reward_kwargs.max_resp_len=16 \
+    reward.reward_manager.name=dapo \
+    +reward.reward_kwargs.overlong_buffer_cfg.enable=True \
+    +reward.reward_kwargs.overlong_buffer_cfg.len=4 \
+    +reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0 \
+    +reward.reward_kwargs.max_resp_len=16 \
     "$@"

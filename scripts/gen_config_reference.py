@@ -216,18 +216,16 @@ GLOSSARY = {
     "rollout.engine_kwargs.vllm": "extra vllm engine arguments",
     "rollout.engine_kwargs.hf": "extra hf engine arguments",
     "critic.forward_micro_batch_size": "upstream's deprecated global size of a forward micro-batch",
-    "reward.custom_reward_function.path": (
-        "upstream's current spelling of custom_reward_function.path (used when that is null)"
-    ),
-    "reward.custom_reward_function.name": (
-        "upstream's current spelling of custom_reward_function.name (used when that is null)"
-    ),
+    "reward.custom_reward_function.path": "a .py file or module defining the scoring function (null: the shipped one)",
+    "reward.custom_reward_function.name": "the scoring function's name in that file",
     "reward.reward_manager.source": (
-        "register: reward.reward_manager.name is a registered name; importlib: load module.path:module.name"
+        "register: reward.reward_manager.name is a registered name; importlib: the class name of module.path"
     ),
-    "reward.reward_manager.name": "upstream's current spelling of reward_model.reward_manager (used when that is null)",
-    "reward.reward_model.model_path": "upstream's current spelling of reward_model.model.path (used when that is null)",
-    "reward.reward_model.enable": "upstream's current spelling of reward_model.enable (used when that is null)",
+    "reward.reward_manager.name": "reward manager: naive, dapo, gdpo, rate_limited, remote (reward loop), batch, prime",
+    "reward.reward_manager.module.path": "a .py file or module defining the reward manager (source=importlib)",
+    "reward.reward_manager.module.name": "kept for upstream's yaml; the class is reward.reward_manager.name",
+    "reward.reward_model.model_path": "the reward model worker's model (sequence classification)",
+    "reward.reward_model.enable": "score with the reward-model worker (rm_scores) instead of the scoring function",
     "rollout_correction.loss_type": "bypass mode's loss: ppo_clip or reinforce (read by the rollout-correction losses)",
     "rollout_correction.bypass_mode": "use the rollout log-probs as old log-probs (no old-policy forward pass)",
     "rollout_correction.rollout_is_batch_normalize": "rescale IS weights to mean 1 over the batch",

@@ -100,3 +100,25 @@ def test_custom_advantage_estimator(tmp_path, ray_session):
     mixed = any(0 < sum(s) < len(s) for s in groups.values())
     # a group with both right and wrong answers gives someone a non-zero advantage, else all are 0
     assert (max(abs(metrics["critic/advantages/max"]), abs(metrics["critic/advantages/min"])) == 1.0) == mixed
+
+
+def test_weighted_reward_components(tmp_path, ray_session):
+    path = EXAMPLES / "reward_components.py"
+    metrics, rollouts = one_step(
+        tmp_path,
+        "algorithm.adv_estimator=grpo",
+        f"reward.components=[{{name: correct, path: {path}, function: correct, weight: 1.0}}, "
+        f"{{name: brevity, path: {path}, function: brevity, weight: 0.2, reward_kwargs: {{limit: 4}}}}]",
+    )
+    import asyncio
+
+    example = load_example("reward_components")
+    correct, brevity = [], []
+    for row in rollouts:  # every training score is the weighted sum of the two functions
+        c = example.correct("verl_toy/addition", row["output"], row["ground_truth"])
+        b = asyncio.run(example.brevity("verl_toy/addition", row["output"], row["ground_truth"], limit=4))
+        assert row["score"] == pytest.approx(c + 0.2 * b, abs=1e-6), row
+        correct.append(c)
+        brevity.append(b)
+    assert metrics["reward/correct/mean"] == pytest.approx(sum(correct) / len(correct))
+    assert metrics["reward/brevity/mean"] == pytest.approx(sum(brevity) / len(brevity))

@@ -64,7 +64,7 @@ EXPECTED: dict[str, tuple[dict, list[str]]] = {
     "dapo": (
         {
             "algorithm.filter_groups.enable": True,
-            "reward_model.reward_manager": "dapo",
+            "reward.reward_manager.name": "dapo",
             "actor_rollout_ref.actor.clip_ratio_high": 0.28,
             "actor_rollout_ref.actor.use_kl_loss": False,
         },

@@ -313,7 +313,7 @@ class TaskRunner:
 
     def run(self, config: DictConfig) -> dict[str, float]:
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
-        from verl.trainer.ppo.reward import load_reward_manager
+        from verl.trainer.ppo.reward import build_reward_fns
         from verl.trainer.ppo.worker_groups import resolve_worker_backend
         from verl.utils.fs import copy_to_local
         from verl.utils.tokenizer import hf_processor, hf_tokenizer
@@ -360,9 +360,7 @@ class TaskRunner:
             num_cpus_per_worker=_cpus_per_worker(config, pool_spec, device, backend),
         )
 
-        reward_kwargs = dict(v.reward_model.reward_kwargs or {})
-        reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **dict(reward_kwargs))
-        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **dict(reward_kwargs))
+        reward_fn, val_reward_fn = build_reward_fns(config, tokenizer, backend)
 
         trainer = RayPPOTrainer(
             config=config,

@@ -301,7 +301,7 @@ def test_reward_kwargs_are_checked_against_the_function_and_the_manager(tmp_path
         ValueError, match=r"custom_reward_function\.reward_kwargs\.x: the shipped default_compute_score reads no"
     ):
         validate_config(cfg("+custom_reward_function.reward_kwargs.x=1"))
-    with pytest.raises(ValueError, match=r"reward_model\.reward_kwargs\.overlong: .*'naive'.* does not accept"):
+    with pytest.raises(ValueError, match=r"reward\.reward_kwargs\.overlong: .*'naive'.* does not accept"):
         validate_config(cfg("+reward_model.reward_kwargs.overlong=1"))
     with pytest.raises(AttributeError, match=r"custom_reward_function\.name='nope'.*defines no 'nope'"):
         validate_config(cfg(f"custom_reward_function.path={f}", "custom_reward_function.name=nope"))

@@ -8,6 +8,7 @@ dataclasses; `upstream_keys` therefore reads it lazily.
 from __future__ import annotations
 
 from verl.trainer.config import AlgoConfig, CustomRewardFunctionConfig, DataConfig, RayKwargsConfig, TrainerConfig
+from verl.trainer.config.reward import RewardConfig
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
 
 __all__ = ["SECTION_DATACLASSES"]
@@ -22,6 +23,7 @@ SECTION_DATACLASSES: dict[str, type] = {
     "critic": CriticConfig,
     "reward_model": RewardModelConfig,
     "custom_reward_function": CustomRewardFunctionConfig,
+    "reward": RewardConfig,
     "algorithm": AlgoConfig,
     "trainer": TrainerConfig,
     "ray_kwargs": RayKwargsConfig,

@@ -15,9 +15,10 @@ Spellings that upstream renamed and that its scripts still use are aliases (`ALI
 moves to the current key with one deprecation warning naming the new spelling.
 
 `check_upstream_surface(cfg)` applies all of that and returns the config the trainer reads:
-aliases moved, upstream-only sections (`reward`, `global_profiler`, ...) mapped onto the keys our
-code reads and then removed, keys of (b)/(c) that no config dataclass holds removed, and the
-dataclass defaults of keys that the yaml does not list filled in.
+aliases moved, the legacy reward keys moved into `reward.*` (verl/trainer/config/reward.py),
+upstream-only sections (`global_profiler`, ...) mapped onto the keys our code reads and then
+removed, keys of (b)/(c) that no config dataclass holds removed, and the dataclass defaults of
+keys that the yaml does not list filled in.
 
 The embedded toy job's settings (`EMBEDDED_PRESET`) apply only when no model is given
 (`actor_rollout_ref.model.path` null) or the model is one shipped in verl/assets, each yielding to
@@ -39,6 +40,8 @@ from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl.trainer.config.reward import apply_reward_section, migrate_legacy_reward_keys
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +138,7 @@ GLOBAL_MICRO_BATCH_KEYS = (
 KEPT_KEYS = frozenset({"actor_rollout_ref.hybrid_engine"})
 
 # Sections of upstream's config that no dataclass of ours holds: read here, then removed.
-UPSTREAM_ONLY_SECTIONS = ("reward", "sandbox_fusion", "distillation", "transfer_queue", "global_profiler", "skip")
+UPSTREAM_ONLY_SECTIONS = ("sandbox_fusion", "distillation", "transfer_queue", "global_profiler", "skip")
 
 
 # ----------------------------------------------------------------------------- embedded preset
@@ -168,6 +171,8 @@ EMBEDDED_PRESET: dict[str, Any] = {
     "critic.data_loader_seed": 1,
     "critic.fsdp.wrap_policy": {},
     "algorithm.filter_groups.metric": "acc",
+    # the toy task's rule reward takes microseconds: one reward worker (a Ray actor costs seconds to start)
+    "reward.num_workers": 1,
     "trainer.total_epochs": 2,
     "trainer.project_name": "verl",
     "trainer.experiment_name": "default",
@@ -401,6 +406,7 @@ def check_upstream_surface(config: Any) -> DictConfig:
     raw.pop("hydra", None)
     raw_yaml = _all_defaults()
     _move_aliases(raw, raw_yaml)
+    migrate_legacy_reward_keys(raw)
 
     user = _resolved(raw)
     leaves = [(k, v) for k, v in _leaves(user) if rule_for(k) is not None]
@@ -528,38 +534,10 @@ def _move_aliases(raw: dict, raw_yaml: dict) -> None:
 
 
 def _map_reward_section(raw: dict) -> None:
-    """Upstream's `reward.*` section (current) onto the keys our reward code reads
-    (`custom_reward_function.*`, `reward_model.*`); the legacy keys win when set (non-null)."""
-    reward = raw.get("reward") or {}
-    rm = raw.setdefault("reward_model", {})
-    crf = raw.setdefault("custom_reward_function", {})
-    new_crf = reward.get("custom_reward_function") or {}
-    for key in ("path", "name"):
-        if crf.get(key) is None and new_crf.get(key) is not None:
-            crf[key] = new_crf[key]
-    manager = reward.get("reward_manager") or {}
-    if rm.get("reward_manager") is None:
-        source = manager.get("source", "register")
-        if source == "importlib":
-            module = manager.get("module") or {}
-            if not module.get("path"):
-                raise ValueError(
-                    "reward.reward_manager.source=importlib needs reward.reward_manager.module.path "
-                    "(a .py file or module)"
-                )
-            rm["reward_manager"] = f"{module['path']}:{module.get('name') or 'custom_reward_manager'}"
-        elif source == "register":
-            rm["reward_manager"] = manager.get("name") or "naive"
-        else:
-            raise ValueError(
-                f"reward.reward_manager.source={source!r} is not allowed; expected one of ['register', 'importlib']"
-            )
-    new_rm = reward.get("reward_model") or {}
-    if rm.get("enable") is None:
-        rm["enable"] = bool(new_rm.get("enable", False))
-    model = rm.setdefault("model", {})
-    if model.get("path") is None and new_rm.get("model_path") is not None:
-        model["path"] = new_rm["model_path"]
+    """The `reward.*` section (upstream's current keys, the legacy ones already moved into it) back
+    onto the keys the driver-side reward code reads (`custom_reward_function.*`, `reward_model.*`)."""
+    apply_reward_section(raw)
+    (raw.get("reward_model") or {}).pop("num_workers", None)  # reward.num_workers is the key read
 
 
 def _map_global_micro_batches(raw: dict) -> None:

@@ -71,7 +71,7 @@ from verl.trainer.ppo.metric_utils import (
     peak_flops_per_worker,
     reduce_metrics,
 )
-from verl.trainer.ppo.reward import compute_reward
+from verl.trainer.ppo.reward import compute_reward, reward_component_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
 from verl.trainer.ppo.step_context import StepContext
 from verl.trainer.ppo.utils import Role, ValidatedConfig, reference_in_actor, validated_config
@@ -379,6 +379,7 @@ class RayPPOTrainer:
         ):
             flags = extra.get(column)
             metrics[name] = metrics.get(name, 0) + (int(sum(bool(e) for e in flags)) if flags else 0)
+        metrics.update(reward_component_metrics(self.reward_fn, extra))
         return batch
 
     def filter_groups(self, batch: DataProto, ctx: StepContext) -> DataProto:

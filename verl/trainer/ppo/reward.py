@@ -5,6 +5,11 @@
 - `load_reward_manager(config, tokenizer, num_examine, **reward_kwargs)`: the reward manager named by
   `reward_model.reward_manager`, wired to that function (or the shipped `default_compute_score`).
 - `compute_reward(data, reward_fn)`: `(token_level_scores [B, R], reward_extra_info)`.
+- `build_reward_fns(config, tokenizer, backend)`: the run's (training, validation) reward
+  functions: the reward loop (`verl.experimental.reward_loop.RewardLoopManager`, one for both)
+  when `reward.reward_manager` names a reward-loop manager (the default `naive` does), else two
+  driver-side managers of `verl.workers.reward_manager` (`batch`, `prime`, a user class of theirs).
+- `resolve_reward_manager_cls(config)`, `extract_reward(batch)`: upstream's helpers.
 """
 
 from __future__ import annotations
@@ -89,3 +94,67 @@ def compute_reward(data, reward_fn) -> tuple[Any, dict[str, list]]:
     if isinstance(out, dict):
         return out["reward_tensor"], dict(out.get("reward_extra_info", {}))
     return out, {}
+
+
+def resolve_reward_manager_cls(config: Any) -> type:
+    """The reward-loop manager class of `reward.reward_manager` (upstream's helper)."""
+    from verl.experimental.reward_loop.reward_loop import resolve_reward_manager_cls as resolve
+
+    return resolve(config)
+
+
+def checked_by_reward_loop(v: Any) -> bool:
+    """Whether the reward loop scores the run of the validated config `v`; if so, its manager name
+    and the keys of `reward.reward_kwargs` are checked here (before Ray starts)."""
+    if getattr(v, "reward", None) is None:
+        return False
+    from verl.experimental.reward_loop.reward_loop import (
+        load_compute_score,
+        resolve_reward_manager_cls,
+        uses_reward_loop,
+    )
+
+    cfg = {"reward": v.reward, "data": v.data}
+    if not uses_reward_loop(cfg):
+        return False
+    load_compute_score(cfg)  # the scoring function (or reward.components) loads
+    cls = resolve_reward_manager_cls(cfg)
+    accepted = sorted(getattr(cls, "reward_kwargs_keys", ()))
+    unknown = sorted(set(v.reward.reward_kwargs or {}) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"reward.reward_kwargs.{unknown[0]}: reward.reward_manager.name={v.reward.reward_manager.name!r} "
+            f"({cls.__name__}) does not accept {unknown}; accepted keys: {accepted}"
+        )
+    return True
+
+
+def build_reward_fns(config: Any, tokenizer, backend: str | None = None) -> tuple[Any, Any]:
+    """(reward_fn, val_reward_fn) of a normalised config; see the module docstring. `backend`
+    (`ray` or `local`) decides where the reward workers run."""
+    from verl.experimental.reward_loop.reward_loop import RewardLoopManager, uses_reward_loop
+
+    if uses_reward_loop(config):
+        manager = RewardLoopManager(config, tokenizer=tokenizer, backend=backend)
+        return manager, manager
+    reward_kwargs = dict(_section(config, "reward_model").get("reward_kwargs") or {})
+    return (
+        load_reward_manager(config, tokenizer, num_examine=0, **dict(reward_kwargs)),
+        load_reward_manager(config, tokenizer, num_examine=1, **dict(reward_kwargs)),
+    )
+
+
+def reward_component_metrics(reward_fn: Any, extra: dict[str, list]) -> dict[str, float]:
+    """`reward/<name>/mean` of each weighted reward component (`reward.components`) in `extra`."""
+    out = {}
+    for name in getattr(reward_fn, "component_names", ()):
+        values = [float(v) for v in extra.get(name, []) if v is not None]
+        if values:
+            out[f"reward/{name}/mean"] = sum(values) / len(values)
+    return out
+
+
+def extract_reward(batch) -> tuple[Any, dict]:
+    """(`rm_scores` [B, R], {extra-info key: column}) of a batch scored by the reward loop."""
+    keys = batch.meta_info.get("reward_extra_keys", [])
+    return batch.batch["rm_scores"], {key: batch.non_tensor_batch[key] for key in keys}

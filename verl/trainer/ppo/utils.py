@@ -28,6 +28,7 @@ from verl.trainer.config import (
     TrainerConfig,
 )
 from verl.trainer.config.derived import DerivedConfig, derive
+from verl.trainer.config.reward import RewardConfig
 from verl.trainer.config.sections import SECTION_DATACLASSES  # noqa: F401 - re-exported (key listings)
 from verl.utils.config import ConfigTypeError, omega_conf_to_dataclass
 from verl.utils.py_functional import config_get
@@ -66,6 +67,7 @@ TOP_LEVEL_SECTIONS = (
     "critic",
     "reward_model",
     "custom_reward_function",
+    "reward",
     "algorithm",
     "trainer",
     "ray_kwargs",
@@ -137,6 +139,7 @@ class ValidatedConfig:
     # the batch plans and loss-scale default (verl/trainer/config/derived.py); the number of
     # training steps is filled in by the trainer once the dataloader exists
     derived: DerivedConfig | None = None
+    reward: RewardConfig | None = None  # `reward.*` (the reward loop's section)
 
 
 def external_module_list(config: Any) -> list[str]:
@@ -287,6 +290,7 @@ def _convert_sections(cfg: DictConfig) -> ValidatedConfig:
         use_reference_policy=need_reference_policy(cfg),
         use_rm=need_reward_model(cfg),
         n_workers=0,
+        reward=conv(cfg.get("reward"), RewardConfig, _path="reward"),
     )
     v.n_workers = v.trainer.nnodes * v.trainer.n_gpus_per_node
     return v
@@ -674,10 +678,12 @@ def check_reward_functions(v: ValidatedConfig) -> None:
         )
 
     import verl.workers.reward_manager  # noqa: F401 - registers the shipped managers
+    from verl.trainer.ppo.reward import checked_by_reward_loop
     from verl.workers.reward_manager.registry import get_reward_manager_cls
 
-    cls = get_reward_manager_cls(v.reward_model.reward_manager)
-    var_kw, names = _accepted_kwargs(cls, REWARD_MANAGER_ARGS)
+    loop = checked_by_reward_loop(v)  # a reward-loop manager: its name and reward_kwargs are checked there
+    cls = None if loop else get_reward_manager_cls(v.reward_model.reward_manager)
+    var_kw, names = (True, []) if loop else _accepted_kwargs(cls, REWARD_MANAGER_ARGS)
     for key in dict(v.reward_model.reward_kwargs or {}):
         if not (var_kw or key in names):
             raise ValueError(

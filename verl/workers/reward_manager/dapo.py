@@ -37,7 +37,7 @@ class DAPORewardManager(AbstractRewardManager):
         unknown = sorted(set(cfg) - set(_OVERLONG_KEYS))
         if unknown:
             raise ValueError(
-                f"reward_model.reward_kwargs.overlong_buffer_cfg has unknown key(s) {unknown}; accepted: "
+                f"reward.reward_kwargs.overlong_buffer_cfg has unknown key(s) {unknown}; accepted: "
                 f"{list(_OVERLONG_KEYS)}"
             )
         self.overlong_enable = bool(cfg.get("enable", False))
@@ -47,11 +47,14 @@ class DAPORewardManager(AbstractRewardManager):
         self.max_resp_len = max_resp_len
         if self.overlong_enable:
             if max_resp_len is None:
-                raise ValueError("dapo overlong penalty needs max_resp_len (data.max_response_length)")
+                raise ValueError(
+                    "dapo overlong penalty: max_resp_len must be provided (reward.reward_kwargs.max_resp_len or "
+                    "data.max_response_length)"
+                )
             if not 0 < self.overlong_len <= max_resp_len:
                 raise ValueError(
-                    f"reward_model.reward_kwargs.overlong_buffer_cfg.len={self.overlong_len} must be in "
-                    f"(0, max_resp_len={max_resp_len}]"
+                    f"reward.reward_kwargs.overlong_buffer_cfg.len={self.overlong_len} must be in "
+                    f"(0, max_resp_len={max_resp_len}]: max_resp_len must be larger than overlong_buffer.len"
                 )
             if self.overlong_factor < 0:
                 raise ValueError(f"overlong_buffer_cfg.penalty_factor={self.overlong_factor} must be >= 0")
