@@ -5,7 +5,13 @@ from verl.workers.config.critic import CriticConfig, FSDPCriticConfig, RewardMod
 from verl.workers.config.engine import FSDPEngineConfig, MixedPrecisionConfig
 from verl.workers.config.model import HFModelConfig
 from verl.workers.config.optimizer import OptimizerConfig
-from verl.workers.config.rollout import AgentLoopConfig, MultiTurnConfig, RolloutConfig, SamplingConfig
+from verl.workers.config.rollout import (
+    AgentLoopConfig,
+    CheckpointEngineConfig,
+    MultiTurnConfig,
+    RolloutConfig,
+    SamplingConfig,
+)
 
 __all__ = [
     "ActorConfig",
@@ -22,5 +28,6 @@ __all__ = [
     "AgentLoopConfig",
     "MultiTurnConfig",
     "RolloutConfig",
+    "CheckpointEngineConfig",
     "SamplingConfig",
 ]

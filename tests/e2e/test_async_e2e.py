@@ -1,0 +1,91 @@
+"""End-to-end runs with a rollout of its own (`actor_rollout_ref.hybrid_engine=False`): the
+synchronous mode equals the colocated trainer bit for bit, one-step-off equals its serial
+emulation with exactly the promised staleness, and a killed rollout worker stops the run.
+
+Every run uses the session Ray (tests/conftest.py), one actor process and one rollout process of
+one CPU each, and the tiny model and data of test_e2e_ppo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import test_e2e_ppo
+import torch
+from safetensors.torch import load_file
+from test_e2e_ppo import _same_numbers, base_overrides
+
+from verl.trainer.main_ppo import load_default_config, run_ppo
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+assets = test_e2e_ppo.assets  # the tiny model and data (a module fixture)
+
+SEPARATE = [
+    "actor_rollout_ref.hybrid_engine=False",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+]
+# the rows the async runs add to every step; everything else must equal the colocated run's
+ASYNC_ONLY = ("training/off_policy/", "rollout/weight_sync_", "timing_s/update_weights")
+STEPS = 4
+
+
+def common(assets, run_dir) -> list[str]:
+    return base_overrides(assets, run_dir) + [
+        "algorithm.adv_estimator=grpo",
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.test_freq=2",
+        "trainer.save_freq=2",
+        f"trainer.default_local_dir={run_dir}/ckpt",
+    ]
+
+
+def run_cfg(cfg, run_dir) -> dict[int, dict]:
+    run_ppo(cfg)
+    metrics: dict[int, dict] = {}
+    with open(os.path.join(run_dir, "log", "metrics.jsonl")) as fh:
+        for line in fh:
+            rec = json.loads(line)
+            metrics.setdefault(rec["step"], {}).update(rec["data"])
+    return metrics
+
+
+def final_weights(run_dir) -> dict[str, torch.Tensor]:
+    return load_file(os.path.join(run_dir, "ckpt", f"global_step_{STEPS}", "actor", "huggingface", "model.safetensors"))
+
+
+def without(metrics: dict[int, dict], prefixes) -> dict[int, dict]:
+    return {s: {k: v for k, v in m.items() if not k.startswith(prefixes)} for s, m in metrics.items()}
+
+
+def test_sync_mode_with_a_rollout_of_its_own_equals_the_colocated_trainer(ray_session, assets, tmp_path):
+    colo, sep = str(tmp_path / "colocated"), str(tmp_path / "separate")
+    m_colo = run_cfg(load_default_config(common(assets, colo), preset="always"), colo)
+    m_sep = run_cfg(
+        load_default_config(
+            common(assets, sep)
+            + SEPARATE
+            + [
+                "trainer.v1.trainer_mode=separate_async",
+                "trainer.v1.separate_async.parameter_sync_step=1",
+                "trainer.v1.separate_async.num_warmup_batches=0",
+                "trainer.v1.sampler.max_off_policy_threshold=1",
+            ],
+            preset="always",
+        ),
+        sep,
+    )
+    assert _same_numbers(m_colo, without(m_sep, ASYNC_ONLY)) == []
+    for step in range(1, STEPS + 1):
+        assert m_sep[step]["training/off_policy/trajectory_staleness/max"] == 0
+        assert m_sep[step]["rollout/weight_sync_max_logp_diff"] == 0.0
+        assert m_sep[step]["timing_s/update_weights"] > 0
+        assert m_sep[step]["rollout/weight_sync_buckets"] >= 1
+    a, b = final_weights(colo), final_weights(sep)
+    assert sorted(a) == sorted(b)
+    assert all(torch.equal(a[k], b[k]) for k in a)
