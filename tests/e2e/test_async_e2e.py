@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import test_e2e_ppo
 import torch
 from safetensors.torch import load_file
-from test_e2e_ppo import _same_numbers, base_overrides
+from test_e2e_ppo import MACHINE, _same_numbers, base_overrides
 
 from verl.trainer.main_ppo import load_default_config, run_ppo
 
@@ -63,6 +64,12 @@ def without(metrics: dict[int, dict], prefixes) -> dict[int, dict]:
     return {s: {k: v for k, v in m.items() if not k.startswith(prefixes)} for s, m in metrics.items()}
 
 
+def numbers(metrics: dict[int, dict]) -> dict[int, dict]:
+    """Every metric but the machine's figures (timings, throughput, memory), which the same
+    computation does not reproduce."""
+    return {s: {k: v for k, v in m.items() if not any(x in k for x in MACHINE)} for s, m in metrics.items()}
+
+
 def test_sync_mode_with_a_rollout_of_its_own_equals_the_colocated_trainer(ray_session, assets, tmp_path):
     colo, sep = str(tmp_path / "colocated"), str(tmp_path / "separate")
     m_colo = run_cfg(load_default_config(common(assets, colo), preset="always"), colo)
@@ -89,3 +96,80 @@ def test_sync_mode_with_a_rollout_of_its_own_equals_the_colocated_trainer(ray_se
     a, b = final_weights(colo), final_weights(sep)
     assert sorted(a) == sorted(b)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def one_step_off(assets, run_dir, *overrides):
+    from verl.experimental.one_step_off_policy.main_ppo import load_config
+
+    over = [o for o in common(assets, run_dir) if not o.startswith("trainer.save_freq")] + [
+        "trainer.save_freq=-1",
+        "rollout.n_gpus_per_node=1",
+        *overrides,
+    ]
+    from verl.trainer.config.upstream_keys import apply_embedded_preset
+
+    cfg = load_config(over)
+    return apply_embedded_preset(cfg, over, always=True)
+
+
+def test_one_step_off_equals_its_serial_emulation_with_staleness_exactly_one(
+    ray_session, assets, tmp_path, monkeypatch
+):
+    from verl.trainer.ppo.async_trainer import AsyncRayPPOTrainer
+
+    versions: dict[str, dict[int, set]] = {"pipelined": {}, "serial": {}}
+    mode = {"now": "pipelined"}
+    collect = AsyncRayPPOTrainer.collect_batch
+
+    def recording_collect(self, prompts, ctx):
+        batch = collect(self, prompts, ctx)
+        versions[mode["now"]][ctx.step] = set(batch.non_tensor_batch["min_global_steps"].tolist())
+        return batch
+
+    monkeypatch.setattr(AsyncRayPPOTrainer, "collect_batch", recording_collect)
+    pipelined = str(tmp_path / "pipelined")
+    m_pipe = run_cfg(one_step_off(assets, pipelined), pipelined)
+
+    # the emulation: every generation is waited for as soon as it is submitted (nothing overlaps)
+    submit = AsyncRayPPOTrainer._submit
+
+    def serial_submit(self, batch_dict, for_step):
+        item = submit(self, batch_dict, for_step)
+        item[2].result()
+        return item
+
+    monkeypatch.setattr(AsyncRayPPOTrainer, "_submit", serial_submit)
+    mode["now"] = "serial"
+    serial = str(tmp_path / "serial")
+    m_serial = run_cfg(one_step_off(assets, serial), serial)
+
+    assert _same_numbers(numbers(m_pipe), numbers(m_serial)) == []
+    # batch t was generated with the weights after step t - 2 (the initial ones for t <= 2)
+    expected = {t: {max(0, t - 2)} for t in range(1, STEPS + 1)}
+    assert versions["pipelined"] == versions["serial"] == expected
+    staleness = [m_pipe[t]["training/off_policy/trajectory_staleness/max"] for t in range(1, STEPS + 1)]
+    assert staleness == [0, 1, 1, 1]
+    assert [m_pipe[t]["training/off_policy/trajectory_staleness/min"] for t in range(1, STEPS + 1)] == [0, 1, 1, 1]
+    assert all(m_pipe[t]["rollout/weight_sync_max_logp_diff"] == 0.0 for t in range(1, STEPS + 1))
+
+
+def test_a_killed_rollout_worker_stops_the_run_naming_role_and_rank(ray_session, assets, tmp_path, monkeypatch):
+    import ray
+
+    from verl.trainer.ppo.async_trainer import AsyncRayPPOTrainer
+
+    killed = {}
+    train_step = AsyncRayPPOTrainer.train_step
+
+    def killing_train_step(self, batch, ctx):
+        if ctx.step == 2:  # batch 3 is being generated: the rollout dies mid-run
+            ray.kill(self.rollout_wg.workers[0], no_restart=True)
+            killed["at"] = time.monotonic()
+        return train_step(self, batch, ctx)
+
+    monkeypatch.setattr(AsyncRayPPOTrainer, "train_step", killing_train_step)
+    run_dir = str(tmp_path / "killed")
+    with pytest.raises(RuntimeError, match=r"the rollout worker \(rank 0\) failed: .*died") as err:
+        run_cfg(one_step_off(assets, run_dir), run_dir)
+    assert time.monotonic() - killed["at"] < 30
+    assert "step" in str(err.value)

@@ -110,8 +110,8 @@ class AsyncRayPPOTrainer(RayPPOTrainer):
         world = 1 + self.rollout_wg.world_size
         self._concurrently(
             "building the checkpoint engine",
-            lambda: self.actor_rollout_wg.checkpoint_engine_init(world, connection),
-            lambda: self.rollout_wg.checkpoint_engine_init(world, connection),
+            actor=lambda: self.actor_rollout_wg.checkpoint_engine_init(world, connection),
+            rollout=lambda: self.rollout_wg.checkpoint_engine_init(world, connection),
         )
 
     @property
@@ -123,22 +123,20 @@ class AsyncRayPPOTrainer(RayPPOTrainer):
         self._inflight.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _concurrently(self, what: str, *calls) -> list[Any]:
-        """Run worker-group calls at the same time (the two sides of a collective); the first
-        failure raises at once, naming the worker, instead of waiting for its peers."""
-        futures = [self._pool.submit(call) for call in calls]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for fut in futures:
+    def _concurrently(self, what: str, **calls) -> list[Any]:
+        """Run worker-group calls (role name -> call) at the same time, e.g. the two sides of a
+        collective; the first failure raises at once, naming the role and rank, instead of
+        waiting for its peers (a peer of a dead worker would wait for its timeout)."""
+        futures = {role: self._pool.submit(call) for role, call in calls.items()}
+        done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
+        for role, fut in futures.items():
             if fut in done and fut.exception() is not None:
-                raise self._named(fut.exception(), what) from fut.exception()
-        return [f.result() for f in futures]
+                raise self._named(fut.exception(), what, role) from fut.exception()
+        return [f.result() for f in futures.values()]
 
     @staticmethod
-    def _named(exc: BaseException, what: str) -> BaseException:
+    def _named(exc: BaseException, what: str, role: str) -> BaseException:
         if isinstance(exc, WorkerCallError):
-            role = (
-                "rollout" if "rollout" in what or exc.method in ("receive_weights", "generate_sequences") else "actor"
-            )
             return RuntimeError(f"{what}: the {role} worker (rank {exc.rank}) failed: {exc}")
         return exc
 
@@ -148,8 +146,8 @@ class AsyncRayPPOTrainer(RayPPOTrainer):
         version advances only when every rank applied the last bucket and passed the probe."""
         sent, received = self._concurrently(
             f"weight sync of step {version}",
-            lambda: self.actor_rollout_wg.send_weights(version),
-            lambda: self.rollout_wg.receive_weights(version),
+            actor=lambda: self.actor_rollout_wg.send_weights(version),
+            rollout=lambda: self.rollout_wg.receive_weights(version),
         )
         for rank, reply in enumerate(received):
             if not isinstance(reply, dict) or reply.get("version") != version:
@@ -216,7 +214,7 @@ class AsyncRayPPOTrainer(RayPPOTrainer):
         try:
             return future.result()
         except Exception as exc:
-            raise self._named(exc, f"generation of the batch of step {for_step}") from exc
+            raise self._named(exc, f"generation of the batch of step {for_step}", "rollout") from exc
 
     # ------------------------------------------------------------------ one step
     def train_step(self, batch: DataProto, ctx: StepContext) -> DataProto:
