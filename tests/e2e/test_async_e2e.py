@@ -173,3 +173,37 @@ def test_a_killed_rollout_worker_stops_the_run_naming_role_and_rank(ray_session,
         run_cfg(one_step_off(assets, run_dir), run_dir)
     assert time.monotonic() - killed["at"] < 30
     assert "step" in str(err.value)
+
+
+def test_the_one_step_off_recipe_runs_a_few_steps_on_the_embedded_default(ray_session, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "one_step_off.sh"
+    env = dict(os.environ, PYTHON=sys.executable, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
+    cmd = [
+        "bash",
+        str(recipe),
+        "trainer.total_training_steps=3",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.logger=[file]",
+        "trainer.plot=False",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.torch_threads_per_worker=1",
+        f"trainer.log_dir={tmp_path}/log",
+        f"trainer.default_local_dir={tmp_path}/ckpt",
+        f"hydra.run.dir={tmp_path}/hydra",
+    ]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"one_step_off.sh failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert "backend=nccl runs here as the gloo broadcast engine (device cpu)" in proc.stderr
+    metrics: dict[int, dict] = {}
+    for line in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        metrics.setdefault(rec["step"], {}).update(rec["data"])
+    stale = [metrics[t]["training/off_policy/trajectory_staleness/max"] for t in (1, 2, 3)]
+    assert stale == [0, 1, 1]
+    assert all(metrics[t]["rollout/weight_sync_max_logp_diff"] == 0.0 for t in (1, 2, 3))
