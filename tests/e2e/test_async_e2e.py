@@ -99,17 +99,15 @@ def test_sync_mode_with_a_rollout_of_its_own_equals_the_colocated_trainer(ray_se
 
 
 def one_step_off(assets, run_dir, *overrides):
+    """The config of the one-step-off entry point on the tiny model; later overrides win."""
     from verl.experimental.one_step_off_policy.main_ppo import load_config
-
-    over = [o for o in common(assets, run_dir) if not o.startswith("trainer.save_freq")] + [
-        "trainer.save_freq=-1",
-        "rollout.n_gpus_per_node=1",
-        *overrides,
-    ]
     from verl.trainer.config.upstream_keys import apply_embedded_preset
 
-    cfg = load_config(over)
-    return apply_embedded_preset(cfg, over, always=True)
+    by_key = {}
+    for o in [*common(assets, run_dir), "trainer.save_freq=-1", "rollout.n_gpus_per_node=1", *overrides]:
+        by_key[o.split("=", 1)[0]] = o
+    over = list(by_key.values())
+    return apply_embedded_preset(load_config(over), over, always=True)
 
 
 def test_one_step_off_equals_its_serial_emulation_with_staleness_exactly_one(
@@ -207,3 +205,13 @@ def test_the_one_step_off_recipe_runs_a_few_steps_on_the_embedded_default(ray_se
     stale = [metrics[t]["training/off_policy/trajectory_staleness/max"] for t in (1, 2, 3)]
     assert stale == [0, 1, 1]
     assert all(metrics[t]["rollout/weight_sync_max_logp_diff"] == 0.0 for t in (1, 2, 3))
+
+
+def test_two_rollout_ranks_each_receive_every_sync(ray_session, assets, tmp_path):
+    run_dir = str(tmp_path / "two")
+    cfg = one_step_off(assets, run_dir, "trainer.total_training_steps=2", "rollout.n_gpus_per_node=2")
+    assert cfg.actor_rollout_ref.rollout.n_gpus_per_node == 2
+    metrics = run_cfg(cfg, run_dir)
+    assert [metrics[t]["training/off_policy/trajectory_staleness/max"] for t in (1, 2)] == [0, 1]
+    # the reported difference is the largest over both rollout ranks
+    assert all(metrics[t]["rollout/weight_sync_max_logp_diff"] == 0.0 for t in (1, 2))
