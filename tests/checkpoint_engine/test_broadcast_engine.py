@@ -118,3 +118,23 @@ def test_backend_names_resolve_as_documented(caplog):
         resolve_backend("naive", "cpu")
     with pytest.raises(ValueError, match="'carrier_pigeon' is not a checkpoint engine"):
         resolve_backend("carrier_pigeon", "cpu")
+
+
+def test_a_partial_update_is_refused():
+    from verl.checkpoint_engine.broadcast import GlooCheckpointEngine
+
+    class Lossy(GlooCheckpointEngine):
+        """Announces one more tensor than it sends (a sender that lost one)."""
+
+        def _send_bucket(self, metas, version, is_last, sent):
+            super()._send_bucket(metas, version, is_last, sent + int(is_last))
+
+    group = Group(world=2)
+    lossy = Lossy(64, timeout_s=20)
+    lossy.__dict__.update({k: v for k, v in group.engines[0].__dict__.items()})
+    group.engines[0] = lossy
+    try:
+        with pytest.raises(WeightSyncError, match=r"weight version 2: 4 whole tensors arrived of 5 sent"):
+            group.sync(2, 2)
+    finally:
+        group.close()
