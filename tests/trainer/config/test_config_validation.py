@@ -340,6 +340,14 @@ def test_separate_async_is_checked_as_upstream_checks_it():
         )
     )
     assert (v.async_plan.lookahead, v.async_plan.max_staleness) == (0, 0)
+    ahead = (*base, "trainer.v1.separate_async.parameter_sync_step=1")
+    for extra, words in (
+        ("algorithm.filter_groups.enable=True", r"filter_groups\.enable=True with batches generated ahead"),
+        ("algorithm.adv_estimator=remax", r"adv_estimator=remax with batches generated ahead .* greedy baseline"),
+        ("trainer.save_freq=5", r"save_freq=5 with batches generated ahead .* batches in flight are not available"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            validate_config(cfg(*ahead, extra))
     with pytest.raises(ValueError, match=r"max_off_policy_threshold=0 must be an integer greater than 0"):
         validate_config(cfg("trainer.v1.sampler.max_off_policy_threshold=0"))
     with pytest.raises(ValueError, match=r"max_off_policy_strategy='keep' .*drop.*wait"):

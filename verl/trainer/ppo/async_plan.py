@@ -83,6 +83,8 @@ def plan_async(cfg: Any, v) -> AsyncPlan:
     if mode == "separate_async":
         _check_sync_step(v)
         lookahead = _bounded_lookahead(v1)
+        if lookahead:
+            _check_ahead(v, lookahead)
     return AsyncPlan(
         mode=mode,
         separate_rollout=True,
@@ -155,3 +157,27 @@ def _bounded_lookahead(v1) -> int:
         f"{threshold + 1} on would be evicted. Use max_off_policy_strategy=wait, "
         f"num_warmup_batches <= {threshold - 1}, or a larger threshold"
     )
+
+
+def _check_ahead(v, lookahead: int) -> None:
+    """What the pipeline cannot do yet with batches generated ahead, refused by name."""
+    from verl.trainer.ppo import core_algos
+
+    ahead = f"with batches generated ahead (trainer.v1.separate_async.num_warmup_batches={lookahead})"
+    fallback = "(available: trainer.v1.trainer_mode=sync)"
+    if v.algorithm.filter_groups.enable:
+        raise ValueError(
+            f"algorithm.filter_groups.enable=True {ahead}: dynamic sampling in the asynchronous pipeline is not "
+            f"available in this verl {fallback}"
+        )
+    estimator = v.algorithm.adv_estimator
+    if core_algos.get_adv_estimator_traits(estimator).needs_greedy_baseline:
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator} {ahead}: a greedy baseline generated with each batch is not "
+            f"available in this verl {fallback}"
+        )
+    if v.trainer.save_freq > 0:
+        raise ValueError(
+            f"trainer.save_freq={v.trainer.save_freq} {ahead}: checkpoints that record batches in flight are not "
+            f"available in this verl (available: trainer.save_freq=-1, or trainer.v1.trainer_mode=sync)"
+        )

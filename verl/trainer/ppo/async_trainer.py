@@ -76,27 +76,6 @@ class AsyncRayPPOTrainer(RayPPOTrainer):
             raise ValueError(
                 "AsyncRayPPOTrainer drives a rollout of its own: set actor_rollout_ref.hybrid_engine=False"
             )
-        if plan.lookahead and self.cfg.algorithm.filter_groups.enable:
-            raise ValueError(
-                "algorithm.filter_groups.enable=True with batches generated ahead (trainer.v1.separate_async."
-                f"num_warmup_batches={plan.lookahead}): dynamic sampling in the asynchronous pipeline is not "
-                "available in this verl (available: dynamic sampling with trainer.v1.trainer_mode=sync)"
-            )
-        from verl.trainer.ppo import core_algos
-
-        estimator = self.cfg.algorithm.adv_estimator
-        if plan.lookahead and core_algos.get_adv_estimator_traits(estimator).needs_greedy_baseline:
-            raise ValueError(
-                f"algorithm.adv_estimator={estimator} needs a greedy baseline generated with the batch; with batches "
-                f"generated ahead (lookahead {plan.lookahead}) that is not available in this verl (available: "
-                "trainer.v1.trainer_mode=sync)"
-            )
-        if plan.lookahead and self.cfg.trainer.save_freq > 0:
-            raise ValueError(
-                f"trainer.save_freq={self.cfg.trainer.save_freq} with batches generated ahead (lookahead "
-                f"{plan.lookahead}): checkpoints that record batches in flight are not available in this verl "
-                "(available: trainer.save_freq=-1, or trainer.v1.trainer_mode=sync)"
-            )
         self.plan = plan
         self.rollout_version = 0  # the weights the rollout holds (0: the initial model)
         self.actor_version = 0  # the weights the actor holds
