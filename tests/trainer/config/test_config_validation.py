@@ -289,6 +289,7 @@ SEPARATE = (
 )
 
 
+@pytest.mark.slow  # the corpus of the rollout-pool checks; the fast lane keeps the backend example below
 def test_a_rollout_of_its_own_needs_a_pool_and_a_broadcast_engine():
     v = validate_config(cfg(*SEPARATE))
     assert (v.async_plan.separate_rollout, v.async_plan.rollout_world_size, v.async_plan.backend) == (True, 1, "gloo")
@@ -314,10 +315,14 @@ def test_upstream_gpu_backend_names_run_as_the_device_broadcast(caplog):
     assert any("backend=mooncake runs here as the gloo broadcast engine" in r.getMessage() for r in caplog.records)
 
 
-def test_separate_async_is_checked_as_upstream_checks_it():
-    base = (*SEPARATE, "trainer.v1.trainer_mode=separate_async")
+def test_separate_async_needs_a_rollout_of_its_own():
     with pytest.raises(ValueError, match=r"trainer_mode=separate_async needs .*hybrid_engine=False \(got True\)"):
         validate_config(cfg("trainer.v1.trainer_mode=separate_async"))
+
+
+@pytest.mark.slow  # the corpus of the trainer.v1 checks
+def test_separate_async_is_checked_as_upstream_checks_it():
+    base = (*SEPARATE, "trainer.v1.trainer_mode=separate_async")
     # upstream: train_batch_size == parameter_sync_step x ppo_mini_batch_size (4 x 32 here)
     with pytest.raises(ValueError, match=r"train_batch_size=32 must equal .*parameter_sync_step=4 x .*=32 \(= 128\)"):
         validate_config(cfg(*base))
