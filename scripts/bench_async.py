@@ -31,10 +31,12 @@ import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# a private Ray per run (`address=local`), even where another Ray runs on this machine
+PRIVATE_RAY = "ray_kwargs.ray_init.address=local"
 VARIANTS = {
     "sync_local": ("verl.trainer.main_ppo", ["trainer.worker_backend=local"]),
-    "sync_ray": ("verl.trainer.main_ppo", ["trainer.worker_backend=ray"]),
-    "one_step_off": ("verl.experimental.one_step_off_policy.main_ppo", []),
+    "sync_ray": ("verl.trainer.main_ppo", ["trainer.worker_backend=ray", PRIVATE_RAY]),
+    "one_step_off": ("verl.experimental.one_step_off_policy.main_ppo", [PRIVATE_RAY]),
 }
 PHASES = ("gen", "update_actor", "update_weights")
 
