@@ -15,7 +15,9 @@ The weight sync after every step is `send_weights` on the actor group and `recei
 the rollout group at once (one broadcast group, built in `init_workers`), stamped with the step;
 its probe check, version reply and every failure name the step and the rollout rank. Generation
 requests carry the version they must be generated with (`weights_version`); the rollout returns
-the version of every token, from which the staleness metrics come.
+the version of every token, from which the staleness metrics come. Calls to each worker group go
+through one thread of its own, in the order the driver makes them (generation t+1, then the sync
+of step t), so every rank of a group sees the same sequence of calls.
 """
 
 from __future__ import annotations
@@ -80,7 +82,12 @@ class AsyncRayPPOTrainer(RayPPOTrainer):
         self.rollout_version = 0  # the weights the rollout holds (0: the initial model)
         self.actor_version = 0  # the weights the actor holds
         self._inflight: deque[tuple[int, DataProto, Future]] = deque()
-        self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="verl-async")
+        # one lane (thread) per worker group: calls reach each group's workers in the order the
+        # driver made them (two threads calling one group could reach its ranks in different
+        # orders, pairing one rank's batch with another rank's collective)
+        self._lanes = {
+            role: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"verl-{role}") for role in ("actor", "rollout")
+        }
 
     # ------------------------------------------------------------------ workers
     def _policy_roles(self) -> list[tuple[Role, str, dict]]:
@@ -109,13 +116,14 @@ class AsyncRayPPOTrainer(RayPPOTrainer):
     def shutdown(self) -> None:
         super().shutdown()
         self._inflight.clear()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for lane in self._lanes.values():
+            lane.shutdown(wait=False, cancel_futures=True)
 
     def _concurrently(self, what: str, **calls) -> list[Any]:
         """Run worker-group calls (role name -> call) at the same time, e.g. the two sides of a
         collective; the first failure raises at once, naming the role and rank, instead of
         waiting for its peers (a peer of a dead worker would wait for its timeout)."""
-        futures = {role: self._pool.submit(call) for role, call in calls.items()}
+        futures = {role: self._lanes[role].submit(call) for role, call in calls.items()}
         done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
         for role, fut in futures.items():
             if fut in done and fut.exception() is not None:
@@ -196,7 +204,7 @@ class AsyncRayPPOTrainer(RayPPOTrainer):
         batch = batch.repeat(repeat_times=self.cfg.rollout.n, interleave=True)
         gen_in = self._generation_input(batch, validate=False)
         gen_in.meta_info["global_steps"] = for_step
-        return for_step, batch, self._pool.submit(dp_compute, self.rollout_wg, "generate_sequences", gen_in)
+        return for_step, batch, self._lanes["rollout"].submit(dp_compute, self.rollout_wg, "generate_sequences", gen_in)
 
     def _wait_generation(self, future: Future, for_step: int) -> DataProto:
         try:
