@@ -263,9 +263,11 @@ def glossary(key: str) -> str:
 
 # keys without a dataclass of their own
 EXTRA_DOCS = {
-    "actor_rollout_ref": "The policy: model, actor (training), rollout (generation) and reference policy, colocated.",
+    "actor_rollout_ref": "The policy: model, actor (training), rollout (generation) and reference policy.",
     "actor_rollout_ref.hybrid_engine": (
-        "Actor and rollout share one process and the same weights (the only supported mode)."
+        "true: the rollout runs in the actor's processes on the actor's weights. false: the rollout has workers "
+        "of its own (rollout.nnodes x rollout.n_gpus_per_node) that receive every update through "
+        "rollout.checkpoint_engine (docs/async.md)."
     ),
     "hydra.job.chdir": (
         "Hydra stays in the launch directory, so relative paths are relative to where you ran the command."

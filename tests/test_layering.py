@@ -26,8 +26,14 @@ LAYER_OF_PREFIX: list[tuple[str, str]] = [
     ("verl.dataproto", "data"),  # DataProtoFuture, BatchData and row helpers, re-exported by verl.protocol
     ("verl.single_controller", "controller"),
     ("verl.workers.fsdp_workers", "workers"),
+    ("verl.workers.separate_rollout", "workers"),  # the policy worker's weight-sync endpoints
+    ("verl.checkpoint_engine", "engines"),  # weight transfer to rollout workers of their own
     ("verl.workers", "engines"),
-    ("verl.experimental.agent_loop", "engines"),  # agent loops drive the rollout engines
+    ("verl.experimental.agent_loop", "engines"),
+    (
+        "verl.experimental.one_step_off_policy",
+        "trainer",
+    ),  # an entry point: a preset of the async trainer  # agent loops drive the rollout engines
     ("verl.experimental", "engines"),
     ("verl.tools", "engines"),
     ("verl.trainer", "trainer"),

@@ -93,6 +93,19 @@ EXPECTED: dict[str, tuple[dict, list[str]]] = {
         },
         ["num_turns/mean", "agent/tool_calls/mean", "agent/tool_error_rate", "agent/cut_by_length_budget"],
     ),
+    "one_step_off": (
+        {
+            "algorithm.adv_estimator": "grpo",
+            "actor_rollout_ref.hybrid_engine": False,
+            "rollout.nnodes": 1,
+            "algorithm.rollout_correction.bypass_mode": True,
+        },
+        [
+            "training/off_policy/trajectory_staleness/mean",
+            "timing_s/update_weights",
+            "rollout/weight_sync_max_logp_diff",
+        ],
+    ),
 }
 
 FAST = [

@@ -312,12 +312,11 @@ class TaskRunner:
     here a plain object in the driver process)."""
 
     def run(self, config: DictConfig) -> dict[str, float]:
-        from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
+        from verl.trainer.ppo.ray_trainer import ResourcePoolManager
         from verl.trainer.ppo.reward import build_reward_fns
         from verl.trainer.ppo.worker_groups import resolve_worker_backend
         from verl.utils.fs import copy_to_local
         from verl.utils.tokenizer import hf_processor, hf_tokenizer
-        from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
         v = validated_config(config)  # run_ppo's object when called from it: validated once
         tr = v.trainer
@@ -345,14 +344,7 @@ class TaskRunner:
             from verl.single_controller.ray import RayWorkerGroup as worker_group_cls
 
             as_worker = ray.remote
-        mapping = {Role.ActorRollout: as_worker(ActorRolloutRefWorker)}
-        if v.use_critic:
-            mapping[Role.Critic] = as_worker(CriticWorker)
-        if v.use_reference_policy and not reference_in_actor(config):  # LoRA: the actor computes the reference
-            mapping[Role.RefPolicy] = as_worker(ActorRolloutRefWorker)
-        if v.use_rm:
-            mapping[Role.RewardModel] = as_worker(RewardModelWorker)
-        pool_spec, role_pool = resource_pool_layout(tr.nnodes, tr.n_gpus_per_node, tr.role_pools, mapping)
+        mapping, pool_spec, role_pool, trainer_cls = worker_layout(v, config, as_worker)
         resource_pool_manager = ResourcePoolManager(
             resource_pool_spec=pool_spec,
             mapping=role_pool,
@@ -362,7 +354,7 @@ class TaskRunner:
 
         reward_fn, val_reward_fn = build_reward_fns(config, tokenizer, backend)
 
-        trainer = RayPPOTrainer(
+        trainer = trainer_cls(
             config=config,
             tokenizer=tokenizer,
             processor=processor,
@@ -387,6 +379,31 @@ class TaskRunner:
                 import ray
 
                 ray.timeline(filename=timeline)
+
+
+def worker_layout(v, config: DictConfig, as_worker) -> tuple[dict, dict, dict, type]:
+    """Role -> worker class (`as_worker` makes a Ray actor class or keeps the plain one), the
+    resource pools, role -> pool, and the trainer class: `AsyncRayPPOTrainer` for a rollout with
+    workers of its own (`actor_rollout_ref.hybrid_engine=False`), else `RayPPOTrainer`."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+
+    tr = v.trainer
+    mapping = {Role.ActorRollout: as_worker(ActorRolloutRefWorker)}
+    if v.use_critic:
+        mapping[Role.Critic] = as_worker(CriticWorker)
+    if v.use_reference_policy and not reference_in_actor(config):  # LoRA: the actor computes the reference
+        mapping[Role.RefPolicy] = as_worker(ActorRolloutRefWorker)
+    if v.use_rm:
+        mapping[Role.RewardModel] = as_worker(RewardModelWorker)
+    pool_spec, role_pool = resource_pool_layout(tr.nnodes, tr.n_gpus_per_node, tr.role_pools, mapping)
+    trainer_cls = RayPPOTrainer
+    if v.async_plan is not None and v.async_plan.separate_rollout:  # a rollout of its own (docs/async.md)
+        from verl.trainer.ppo.async_trainer import AsyncRayPPOTrainer, separate_rollout_layout
+
+        separate_rollout_layout(v.async_plan, mapping, pool_spec, role_pool, as_worker(ActorRolloutRefWorker))
+        trainer_cls = AsyncRayPPOTrainer
+    return mapping, pool_spec, role_pool, trainer_cls
 
 
 def _plain_class(cls: type) -> type:

@@ -78,6 +78,7 @@ from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefCon
 from verl.workers.config.megatron import refuse_megatron
 from verl.workers.engine.dp_engine import step_lr_scheduler
 from verl.workers.engine.fsdp_model import build_fsdp_model
+from verl.workers.separate_rollout import WeightSyncMixin
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker", "AsyncActorRolloutRefWorker"]
 
@@ -209,7 +210,7 @@ def _reject_agent_names(prompts: DataProto) -> None:
             )
 
 
-class ActorRolloutRefWorker(Worker, _OffloadMixin):
+class ActorRolloutRefWorker(Worker, _OffloadMixin, WeightSyncMixin):
     """Policy roles in one process: `actor` (training), `rollout` (generation), `ref` (frozen
     reference log-probs), or the combinations `actor_rollout`, `actor_rollout_ref`.
 
@@ -417,6 +418,12 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         rollout_lp = self.rollout.probe_log_probs(
             b["input_ids"], b["attention_mask"], b["position_ids"], b["responses"]
         )
+        diff = self._check_probe(actor_lp, rollout_lp)
+        self._synced_version = self._weights_version
+        return {"rollout/weight_sync_s": time.perf_counter() - start, "rollout/weight_sync_max_logp_diff": diff}
+
+    def _check_probe(self, actor_lp: torch.Tensor, rollout_lp: torch.Tensor) -> float:
+        """max |log p_rollout - log p_actor| on the probe sequence; raises beyond the tolerance."""
         diff = float((rollout_lp.float() - actor_lp.float()).abs().max())
         engine_kwargs = dict((self.rollout_config.engine_kwargs or {}).get(self.rollout_config.name, {}) or {})
         low_precision = self.rollout_config.name != "hf" or engine_kwargs.get("dtype", "fp32") not in (
@@ -430,8 +437,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
                 "on the probe sequence "
                 f"exceeds {tol} (rollout.engine_kwargs.{self.rollout_config.name}.sync_check_tol)"
             )
-        self._synced_version = self._weights_version
-        return {"rollout/weight_sync_s": time.perf_counter() - start, "rollout/weight_sync_max_logp_diff": diff}
+        return diff
 
     # -- data-parallel methods -------------------------------------------------------------------
 
@@ -449,6 +455,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
         meta.setdefault("eos_token_id", self._eos_ids())
         meta.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         prompts = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch, meta_info=meta)
+        self._check_weights_version(meta)  # a rollout of its own: the version the driver expects
         with self._actor_resident(optimizer=False):
             sync_metrics = self._sync_rollout_weights()
             self.rollout.resume()
@@ -461,6 +468,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin):
             elapsed = float(all_reduce_scalar(time.perf_counter() - start, dist.ReduceOp.MAX))
             self.rollout.release()
         output = output.to("cpu")
+        self._stamp_versions(output)
         output.meta_info["timing"] = {"generate_sequences": elapsed}
         if sync_metrics:
             output.meta_info["metrics"] = sync_metrics

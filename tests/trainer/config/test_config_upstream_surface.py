@@ -148,7 +148,7 @@ def test_no_effect_keys_are_logged_once_with_the_reason(caplog):
     cfg = load_default_config(
         [
             "actor_rollout_ref.model.use_fused_kernels=True",
-            "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096",
+            "trainer.v1.colocate_async.num_warmup_batches=2",
         ]
     )
     with caplog.at_level(logging.WARNING, logger=uk.__name__):
@@ -156,9 +156,7 @@ def test_no_effect_keys_are_logged_once_with_the_reason(caplog):
         validate_config(cfg)
     lines = [r.getMessage() for r in caplog.records if "has no effect here" in r.getMessage()]
     assert any(m.startswith("actor_rollout_ref.model.use_fused_kernels=true has no effect here: ") for m in lines)
-    assert any(
-        "update_weights_bucket_megabytes=4096 has no effect here: weights are synced in-process" in m for m in lines
-    )
+    assert any("num_warmup_batches=2 has no effect here: used only by trainer_mode=colocate_async" in m for m in lines)
     # actor.use_fused_kernels follows model.use_fused_kernels: logged too, but each key once
     assert len(lines) == len(set(lines)) == 3, lines
     # nothing is logged for a default run

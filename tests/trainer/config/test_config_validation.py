@@ -2,6 +2,7 @@
 value and what is allowed."""
 
 import importlib.util
+import logging
 import textwrap
 
 import pytest
@@ -280,10 +281,85 @@ def test_keys_read_by_the_hf_engine_and_the_checkpoint_manager_match_the_code():
     assert read == set(CHECKPOINT_KEYS)
 
 
-def test_standalone_rollout_is_refused_before_ray():
-    for override in ("actor_rollout_ref.hybrid_engine=False", "trainer.role_pools={rollout: [1]}"):
-        with pytest.raises(ValueError, match=r"standalone rollout role .* never receives? the actor's updated weights"):
-            validate_config(cfg(override))
+SEPARATE = (
+    "actor_rollout_ref.hybrid_engine=False",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
+)
+
+
+@pytest.mark.slow  # the corpus of the rollout-pool checks; the fast lane keeps the backend example below
+def test_a_rollout_of_its_own_needs_a_pool_and_a_broadcast_engine():
+    v = validate_config(cfg(*SEPARATE))
+    assert (v.async_plan.separate_rollout, v.async_plan.rollout_world_size, v.async_plan.backend) == (True, 1, "gloo")
+    assert v.async_plan.lookahead == 0
+    with pytest.raises(ValueError, match=r"hybrid_engine=False needs a rollout pool .*rollout\.nnodes=0 x .* is 0"):
+        validate_config(cfg("actor_rollout_ref.hybrid_engine=False"))
+    with pytest.raises(ValueError, match=r"checkpoint_engine\.backend=naive copies weights inside one process"):
+        validate_config(cfg(*SEPARATE[:2]))
+    with pytest.raises(ValueError, match=r"checkpoint_engine\.backend=hccl: Ascend NPU .* not available"):
+        validate_config(cfg(*SEPARATE[:2], "actor_rollout_ref.rollout.checkpoint_engine.backend=hccl"))
+    with pytest.raises(ValueError, match=r"engine_kwargs\.gloo: \['group_name'\] are not read .* \['timeout_s'\]"):
+        validate_config(cfg(*SEPARATE, "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.group_name=x"))
+    with pytest.raises(
+        ValueError, match=r"trainer\.role_pools\.rollout: .* use actor_rollout_ref\.hybrid_engine=False"
+    ):
+        validate_config(cfg("trainer.role_pools={rollout: [1]}"))
+
+
+def test_upstream_gpu_backend_names_run_as_the_device_broadcast(caplog):
+    with caplog.at_level(logging.WARNING):
+        v = validate_config(cfg(*SEPARATE[:2], "actor_rollout_ref.rollout.checkpoint_engine.backend=mooncake"))
+    assert v.async_plan.backend == "gloo"
+    assert any("backend=mooncake runs here as the gloo broadcast engine" in r.getMessage() for r in caplog.records)
+
+
+def test_separate_async_needs_a_rollout_of_its_own():
+    with pytest.raises(ValueError, match=r"trainer_mode=separate_async needs .*hybrid_engine=False \(got True\)"):
+        validate_config(cfg("trainer.v1.trainer_mode=separate_async"))
+
+
+@pytest.mark.slow  # the corpus of the trainer.v1 checks
+def test_separate_async_is_checked_as_upstream_checks_it():
+    base = (*SEPARATE, "trainer.v1.trainer_mode=separate_async")
+    # upstream: train_batch_size == parameter_sync_step x ppo_mini_batch_size (4 x 32 here)
+    with pytest.raises(ValueError, match=r"train_batch_size=32 must equal .*parameter_sync_step=4 x .*=32 \(= 128\)"):
+        validate_config(cfg(*base))
+    v = validate_config(cfg(*base, "trainer.v1.separate_async.parameter_sync_step=1"))
+    assert (v.async_plan.lookahead, v.async_plan.max_staleness) == (1, 7)
+    with pytest.raises(ValueError, match=r"num_warmup_batches=1 .*drop every batch from step 2 on would be evicted"):
+        validate_config(
+            cfg(
+                *base,
+                "trainer.v1.separate_async.parameter_sync_step=1",
+                "trainer.v1.sampler.max_off_policy_threshold=1",
+            )
+        )
+    v = validate_config(
+        cfg(
+            *base,
+            "trainer.v1.separate_async.parameter_sync_step=1",
+            "trainer.v1.sampler.max_off_policy_threshold=1",
+            "trainer.v1.sampler.max_off_policy_strategy=wait",
+        )
+    )
+    assert (v.async_plan.lookahead, v.async_plan.max_staleness) == (0, 0)
+    ahead = (*base, "trainer.v1.separate_async.parameter_sync_step=1")
+    for extra, words in (
+        ("algorithm.filter_groups.enable=True", r"filter_groups\.enable=True with batches generated ahead"),
+        ("algorithm.adv_estimator=remax", r"adv_estimator=remax with batches generated ahead .* greedy baseline"),
+        ("trainer.save_freq=5", r"save_freq=5 with batches generated ahead .* batches in flight are not available"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            validate_config(cfg(*ahead, extra))
+    with pytest.raises(ValueError, match=r"max_off_policy_threshold=0 must be an integer greater than 0"):
+        validate_config(cfg("trainer.v1.sampler.max_off_policy_threshold=0"))
+    with pytest.raises(ValueError, match=r"max_off_policy_strategy='keep' .*drop.*wait"):
+        validate_config(cfg("trainer.v1.sampler.max_off_policy_strategy=keep"))
+    with pytest.raises(
+        ValueError, match=r"trainer_mode=colocate_async: the colocated asynchronous trainer .* not available"
+    ):
+        validate_config(cfg("trainer.v1.trainer_mode=colocate_async"))
 
 
 def test_reward_kwargs_are_checked_against_the_function_and_the_manager(tmp_path):

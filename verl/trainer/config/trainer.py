@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig, check_choice, check_range
+from verl.trainer.config.trainer_v1 import TrainerV1Config
 
 LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
 RESUME_MODES = ("auto", "disable", "resume_path")
@@ -60,6 +61,8 @@ class TrainerConfig(BaseConfig):
     - `max_actor_ckpt_to_keep` / `max_critic_ckpt_to_keep`: how many actor / critic checkpoints
       to keep (null: all); older ones are deleted after each save.
     - `seed`: seed of the driver's random generators and of the workers' sampling (worker r uses seed + r).
+    - `v1`: upstream's trainer modes (`trainer_mode`: sync | separate_async) and the staleness
+      bound of asynchronous training (`verl/trainer/config/trainer_v1.py`, docs/async.md).
     - `peak_flops_per_worker`: peak FLOP/s of one worker for the MFU estimate (`perf/mfu/*`);
       null: a table of known GPUs, on CPU a short fp32 matmul measured at start.
     """
@@ -97,6 +100,7 @@ class TrainerConfig(BaseConfig):
     peak_flops_per_worker: float | None = None
     plot: bool = True
     seed: int = 1
+    v1: TrainerV1Config = field(default_factory=TrainerV1Config)
 
     def __post_init__(self):
         owner = "trainer"

@@ -134,7 +134,8 @@ GLOBAL_MICRO_BATCH_KEYS = (
     ("critic.forward_micro_batch_size", "critic.forward_micro_batch_size_per_gpu"),
 )
 
-# Keys with a (b)/(c) rule that stay in the config although no dataclass holds them.
+# Keys that no config dataclass holds but that stay in the config: read from the raw config
+# (actor_rollout_ref.hybrid_engine: by the trainer and verl/trainer/ppo/async_plan.py).
 KEPT_KEYS = frozenset({"actor_rollout_ref.hybrid_engine"})
 
 # Sections of upstream's config that no dataclass of ours holds: read here, then removed.

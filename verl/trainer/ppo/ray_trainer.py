@@ -132,6 +132,9 @@ class _EndOfData(Exception):
 class RayPPOTrainer:
     """Driver of PPO-family training over Ray worker groups (see the module docstring).
 
+    `separate_rollout_capable`: subclasses that drive a rollout with workers of its own
+    (`actor_rollout_ref.hybrid_engine=False`, `async_trainer.AsyncRayPPOTrainer`) set it.
+
     Args (upstream signature):
         config: the whole run config (OmegaConf); validated with `validate_config`.
         tokenizer: the policy's tokenizer (decoding for rewards and validation samples).
@@ -142,6 +145,8 @@ class RayPPOTrainer:
         train_dataset / val_dataset / collate_fn / train_sampler: data (built from `data.*` when None).
         callbacks: `TrainerCallback`s, in addition to those of `trainer.callbacks`.
     """
+
+    separate_rollout_capable = False
 
     def __init__(
         self,
@@ -175,9 +180,11 @@ class RayPPOTrainer:
         self.val_reward_fn = val_reward_fn
         self.device_name = device_name or self.cfg.trainer.device
         self.hybrid_engine = bool(config.actor_rollout_ref.get("hybrid_engine", True))
-        if not self.hybrid_engine:
-            raise NotImplementedError(
-                "actor_rollout_ref.hybrid_engine=False is not supported; the rollout shares the actor's weights"
+        if not self.hybrid_engine and not self.separate_rollout_capable:
+            raise ValueError(
+                f"actor_rollout_ref.hybrid_engine=False: {type(self).__name__} runs the rollout in the actor's "
+                "processes; a rollout with workers of its own is driven by "
+                "verl.trainer.ppo.async_trainer.AsyncRayPPOTrainer (main_ppo picks it)"
             )
         self.use_critic = self.cfg.use_critic
         self.use_reference_policy = self.cfg.use_reference_policy
@@ -234,8 +241,7 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         """Create the resource pools and worker groups (colocated per pool) and build the models."""
         seed, arr = self.cfg.trainer.seed, self.config.actor_rollout_ref
-        actor = dict(config=arr, role="actor_rollout", settings=WorkerSettings(seed, self.derived.actor))
-        roles = [(Role.ActorRollout, "actor_rollout", actor)]
+        roles = self._policy_roles()
         if self.use_critic:
             critic = dict(config=self.config.critic, settings=WorkerSettings(seed, self.derived.critic))
             roles.append((Role.Critic, "critic", critic))
@@ -260,11 +266,24 @@ class RayPPOTrainer:
         if self.use_rm:
             self.rm_wg = all_wg["rm"]
             self.rm_wg.init_model()
+        self._wg_by_name = all_wg
         # the actor last: a GPU rollout engine sizes its cache from the memory left
         self.actor_rollout_wg = all_wg["actor_rollout"]
         self.actor_rollout_wg.init_model()
         if self.ref_in_actor:
             self.ref_policy_wg = self.actor_rollout_wg
+
+    def _policy_roles(self) -> list[tuple[Role, str, dict]]:
+        """(role, name, worker init kwargs) of the policy workers: one colocated actor + rollout
+        (+ reference) role here; the worker group named `actor_rollout` trains."""
+        seed, arr = self.cfg.trainer.seed, self.config.actor_rollout_ref
+        actor = dict(config=arr, role="actor_rollout", settings=WorkerSettings(seed, self.derived.actor))
+        return [(Role.ActorRollout, "actor_rollout", actor)]
+
+    @property
+    def generation_wg(self):
+        """The worker group that generates (training rollouts, validation, greedy baselines)."""
+        return self.actor_rollout_wg
 
     def shutdown(self) -> None:
         """Stop the worker processes and free their Ray resources (a Ray session can then host
@@ -307,7 +326,7 @@ class RayPPOTrainer:
         batch = batch.repeat(repeat_times=n, interleave=True)
         gen_in = self._generation_input(batch, validate=False)
         with ctx.timer("gen"):
-            out = dp_compute(self.actor_rollout_wg, "generate_sequences", gen_in)
+            out = dp_compute(self.generation_wg, "generate_sequences", gen_in)
         out.meta_info.pop("timing", None)
         ctx.metrics.update(reduce_metrics(out.meta_info.pop("metrics", {}) or {}))
         batch = batch.union(out)
@@ -340,7 +359,7 @@ class RayPPOTrainer:
         n = self.cfg.rollout.n
         first = gen_in.select_idxs(np.arange(0, len(gen_in), n))
         first.meta_info["do_sample"] = False
-        greedy = dp_compute(self.actor_rollout_wg, "generate_sequences", first)
+        greedy = dp_compute(self.generation_wg, "generate_sequences", first)
         greedy.meta_info.pop("timing", None)
         greedy.meta_info.pop("metrics", None)
         first_rows = np.arange(0, len(batch), n)

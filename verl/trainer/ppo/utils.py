@@ -140,6 +140,8 @@ class ValidatedConfig:
     # training steps is filled in by the trainer once the dataloader exists
     derived: DerivedConfig | None = None
     reward: RewardConfig | None = None  # `reward.*` (the reward loop's section)
+    # hybrid_engine=False / trainer.v1: `verl.trainer.ppo.async_plan.AsyncPlan`
+    async_plan: Any = None
 
 
 def external_module_list(config: Any) -> list[str]:
@@ -204,6 +206,8 @@ def validate_config(config: Any) -> ValidatedConfig:
     register are accepted. The result remembers the config it came from: `validated_config`
     returns it again for the same config instead of validating twice.
     """
+    from verl.trainer.ppo.async_plan import plan_async
+
     cfg = _checked_sections(config)
     check_roles_colocated(cfg)
     import_user_modules(cfg)
@@ -212,6 +216,7 @@ def validate_config(config: Any) -> ValidatedConfig:
     check_rollout(v)
     v.derived = derive(v)  # the batch-size rules (one place, shared with the workers)
     check_trainer(v)
+    v.async_plan = plan_async(cfg, v)  # a rollout of its own, trainer.v1 modes (docs/async.md)
     _remember(config, v)
     return v
 
@@ -500,29 +505,24 @@ REWARD_FN_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 # arguments of a reward manager's constructor that the trainer fills itself
 REWARD_MANAGER_ARGS = ("self", "tokenizer", "num_examine", "compute_score", "reward_fn_key")
 
-_STANDALONE_ROLLOUT = (
-    "a standalone rollout role (not colocated with the actor) never receives the actor's updated weights, "
-    "so it would sample from the initial policy for the whole run; it is refused until separate rollout "
-    "workers with weight sync exist. Keep the rollout in the actor's processes (actor_rollout_ref.hybrid_engine=True, "
-    "the default; trainer.role_pools accepts critic, ref and rm)"
+_ROLE_POOL_ROLLOUT = (
+    "the actor runs in the trainer's pool (trainer.nnodes x trainer.n_gpus_per_node); for a rollout with workers "
+    "of its own use actor_rollout_ref.hybrid_engine=False with actor_rollout_ref.rollout.nnodes x n_gpus_per_node "
+    "(trainer.role_pools accepts critic, ref and rm)"
 )
 
 
 def check_roles_colocated(cfg: Any) -> None:
-    """Refuse, on the raw config, a rollout that would not live in the actor's processes:
-    `actor_rollout_ref.hybrid_engine` must be true and `trainer.role_pools` has no rollout/actor."""
+    """On the raw config: `actor_rollout_ref.hybrid_engine` is a boolean, and `trainer.role_pools`
+    names no actor/rollout pool (the rollout's own pool has keys of its own, see `async_plan`)."""
     from verl.utils.config import check_value_type
 
-    hybrid = check_value_type(
-        _get(cfg, "actor_rollout_ref.hybrid_engine", True), bool, "actor_rollout_ref.hybrid_engine"
-    )
-    if not hybrid:
-        raise ValueError(f"actor_rollout_ref.hybrid_engine=False: {_STANDALONE_ROLLOUT}")
+    check_value_type(_get(cfg, "actor_rollout_ref.hybrid_engine", True), bool, "actor_rollout_ref.hybrid_engine")
     pools = _get(cfg, "trainer.role_pools") or {}
     if hasattr(pools, "keys"):
         for role in pools:
             if str(role) in ("rollout", "actor", "actor_rollout"):
-                raise ValueError(f"trainer.role_pools.{role}: {_STANDALONE_ROLLOUT}")
+                raise ValueError(f"trainer.role_pools.{role}: {_ROLE_POOL_ROLLOUT}")
 
 
 def import_user_modules(cfg: Any) -> None:

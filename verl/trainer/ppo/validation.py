@@ -90,7 +90,7 @@ class Validator:
         batch.non_tensor_batch["uid"] = np.array([f"val-{b_idx}-{i}" for i in range(len(batch))], dtype=object)
         batch = batch.repeat(repeat_times=t.cfg.rollout.val_kwargs.n, interleave=True)
         gen_in = t._generation_input(batch, validate=True)
-        out = dp_compute(t.actor_rollout_wg, "generate_sequences", gen_in)
+        out = dp_compute(t.generation_wg, "generate_sequences", gen_in)
         out.meta_info.pop("timing", None)
         rollout_metrics = reduce_metrics(out.meta_info.pop("metrics", None) or {})
         agent = {k: v for k, v in rollout_metrics.items() if k.startswith(("agent/", "num_turns/"))}

@@ -146,6 +146,9 @@ def resolve_worker_backend(v) -> str:
         needs_ray.append(f"trainer.nnodes={tr.nnodes} x trainer.n_gpus_per_node={tr.n_gpus_per_node} workers")
     if tr.role_pools:
         needs_ray.append(f"trainer.role_pools={dict(tr.role_pools)}")
+    plan = getattr(v, "async_plan", None)
+    if plan is not None and plan.separate_rollout:
+        needs_ray.append("actor_rollout_ref.hybrid_engine=False (rollout workers of their own)")
     address = ray_init.get("address") or os.environ.get("RAY_ADDRESS")
     if address:
         needs_ray.append(f"a Ray cluster address ({address})")

@@ -6,7 +6,13 @@ from verl.workers.config.engine import FSDPEngineConfig, McoreEngineConfig, Mixe
 from verl.workers.config.megatron import McoreActorConfig
 from verl.workers.config.model import HFModelConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig, McoreOptimizerConfig, OptimizerConfig
-from verl.workers.config.rollout import AgentLoopConfig, MultiTurnConfig, RolloutConfig, SamplingConfig
+from verl.workers.config.rollout import (
+    AgentLoopConfig,
+    CheckpointEngineConfig,
+    MultiTurnConfig,
+    RolloutConfig,
+    SamplingConfig,
+)
 
 __all__ = [
     "ActorConfig",
@@ -27,5 +33,6 @@ __all__ = [
     "AgentLoopConfig",
     "MultiTurnConfig",
     "RolloutConfig",
+    "CheckpointEngineConfig",
     "SamplingConfig",
 ]

@@ -84,6 +84,31 @@ class AgentLoopConfig(BaseConfig):
 
 
 @dataclass
+class CheckpointEngineConfig(BaseConfig):
+    """How weights reach a rollout with workers of its own (`rollout.checkpoint_engine`).
+
+    - `backend`: `naive` (the colocated rollout: an in-process copy), `gloo` (CPU broadcast),
+      `nccl` (CUDA broadcast); upstream's `nixl`, `kimi`, `mooncake` run as the device's broadcast.
+    - `update_weights_bucket_megabytes`: size of one broadcast bucket (MiB); a larger tensor is
+      sent in chunks.
+    - `engine_kwargs`: per backend, e.g. `{gloo: {timeout_s: 600}}`.
+    - `custom_backend_module`: a module imported in every worker that registers more backends
+      (`CheckpointEngineRegistry.register`).
+    """
+
+    backend: str = "naive"
+    update_weights_bucket_megabytes: int = 2048
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    custom_backend_module: str | None = None
+
+    def __post_init__(self):
+        owner = "actor_rollout_ref.rollout.checkpoint_engine"
+        check_range(owner, "update_weights_bucket_megabytes", self.update_weights_bucket_megabytes, low=1)
+        if not isinstance(self.backend, str) or not self.backend:
+            raise ValueError(f"{owner}.backend={self.backend!r} must name a checkpoint engine (gloo, nccl, naive)")
+
+
+@dataclass
 class RolloutConfig(BaseConfig):
     """How responses are generated. `name` selects a rollout engine from the rollout registry
     (`hf`: Hugging Face generate on the actor's own weights, CPU and GPU; `vllm`: GPU only).
@@ -92,6 +117,10 @@ class RolloutConfig(BaseConfig):
     `data.max_prompt_length` / `data.max_response_length` (interpolated in the yaml).
     `calculate_log_probs` makes the engine return `rollout_log_probs` (needed by rollout
     correction, IcePop/KPop masking and the mismatch metrics).
+
+    `nnodes` x `n_gpus_per_node`: the processes of a rollout with workers of its own
+    (`actor_rollout_ref.hybrid_engine=False`); a colocated rollout runs in the actor's processes
+    and ignores them. `checkpoint_engine`: how such a rollout receives the weights.
     """
 
     name: str = "hf"
@@ -125,9 +154,14 @@ class RolloutConfig(BaseConfig):
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    nnodes: int = 0
+    n_gpus_per_node: int = 8
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
 
     def __post_init__(self):
         owner = "actor_rollout_ref.rollout"
+        check_range(owner, "nnodes", self.nnodes, low=0)
+        check_range(owner, "n_gpus_per_node", self.n_gpus_per_node, low=0)
         # async: upstream serves requests from an agent loop; the engines here (hf, vllm in-process)
         # generate a step's whole batch in one call in both modes, so both give the same result
         check_choice(owner, "mode", self.mode, ("sync", "async"))
