@@ -76,7 +76,14 @@ GLOSSARY = {
     # engines
     "strategy": "training backend: fsdp (FSDP2, the only one here; fsdp2 is an alias)",
     "fsdp_config.mixed_precision.param_dtype": "compute dtype of parameters (null: bf16 on CUDA, fp32 on CPU)",
-    "checkpoint.save_contents": "what a checkpoint holds: model, optimizer, extra (scheduler, RNG)",
+    "checkpoint.save_contents": (
+        "what a checkpoint holds: model, optimizer (DCP shards), extra (scheduler, RNG), hf_model (a Hugging Face "
+        "export streamed from the shards)"
+    ),
+    "checkpoint.async_save": (
+        "write the shards in the background while training continues; the step is published once they are "
+        "written (next save or end of run)"
+    ),
     "ulysses_sequence_parallel_size": "sequence parallelism (not implemented: must be 1)",
     # batch sizes (docs/batch_sizes.md)
     "ppo_micro_batch_size_per_gpu": (
