@@ -114,6 +114,20 @@ def step_of(path: str) -> int:
     return int(m.group(1))
 
 
+def upstream_step_dir(path: str) -> str | None:
+    """The `global_step_N` directory when `path` is one written by upstream verl's FSDP trainer
+    (its `actor/` holds `fsdp_config.json` and per-rank model files), or is its `actor/`; else None."""
+    from verl.utils.checkpoint.upstream_fsdp import is_upstream_fsdp_dir
+
+    path = os.path.normpath(path)
+    if os.path.isdir(os.path.join(path, "actor")) and is_upstream_fsdp_dir(os.path.join(path, "actor")):
+        return path if STEP_DIR_RE.match(os.path.basename(path)) else None
+    if os.path.isdir(path) and is_upstream_fsdp_dir(path) and os.path.basename(path) == "actor":
+        parent = os.path.dirname(path)
+        return parent if STEP_DIR_RE.match(os.path.basename(parent)) else None
+    return None
+
+
 def remove_stale_tmp_dirs(root_path: str) -> list[str]:
     """Delete half-written checkpoint directories left by a crash; returns what was removed."""
     removed = []
@@ -428,6 +442,9 @@ class TrainerCheckpointer:
         if path is None:
             return 0
         logger.info("resuming from %s", path)
+        upstream = upstream_step_dir(path) if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)) else None
+        if upstream is not None:
+            return self._load_upstream(upstream)
         t.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"), None, del_local_after_load=False)
         if t.use_critic:
             critic_path = os.path.join(path, "critic")
@@ -444,6 +461,8 @@ class TrainerCheckpointer:
             return None
         if tr.resume_mode == "resume_path":
             path = tr.resume_from_path
+            if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)) and upstream_step_dir(path) is not None:
+                return path
             if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
                 raise FileNotFoundError(
                     f"trainer.resume_from_path={path!r} is not a complete checkpoint (no {TRAINER_STATE_FILE})"
@@ -452,6 +471,27 @@ class TrainerCheckpointer:
             verify_checkpoint(path)
             return path
         return checkpoint_to_resume(tr.default_local_dir)
+
+    def _load_upstream(self, path: str) -> int:
+        """Continue from a checkpoint written by upstream verl's FSDP trainer: the workers load its
+        weights, optimizer moments and LR schedule (any world size); the step comes from the
+        directory name and the data position from its `data.pt` when that loads safely. The driver's
+        RNG, the KL controller and callback states start anew (upstream does not save them)."""
+        t = self.trainer
+        t.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"), None, del_local_after_load=False)
+        if t.use_critic:
+            critic = os.path.join(path, "critic")
+            if not os.path.isdir(critic):
+                raise FileNotFoundError(f"upstream checkpoint {path} has no critic/ part but this run trains a critic")
+            t.critic_wg.load_checkpoint(critic, None, del_local_after_load=False)
+        data = os.path.join(path, "data.pt")
+        try:
+            t.train_dataloader.load_state_dict(load_plain(data))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("resume: the data position of %s is not restored (%s); the epoch starts over", path, exc)
+        t.global_steps = step_of(path)
+        logger.warning("resumed from the upstream verl checkpoint %s at step %d", path, t.global_steps)
+        return t.global_steps
 
     def relog_saved_step(self) -> None:
         """After a resume: log the checkpointed step's metrics if the metrics file lacks them (the

@@ -762,7 +762,7 @@ def check_run_inputs(v: ValidatedConfig) -> None:
     """The checkpoint to resume from and the custom dataset file exist."""
     tr = v.trainer
     if tr.resume_mode == "resume_path" and tr.resume_from_path:
-        from verl.trainer.ppo.checkpoint import TRAINER_STATE_FILE
+        from verl.trainer.ppo.checkpoint import TRAINER_STATE_FILE, upstream_step_dir
 
         path = os.path.expanduser(str(tr.resume_from_path))
         if not os.path.exists(path):
@@ -770,11 +770,12 @@ def check_run_inputs(v: ValidatedConfig) -> None:
                 f"trainer.resume_from_path={tr.resume_from_path!r} does not exist (resolved from {os.getcwd()!r}); "
                 "expected a global_step_N checkpoint directory, or use trainer.resume_mode=auto"
             )
-        if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
+        if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)) and upstream_step_dir(path) is None:
             raise FileNotFoundError(
                 f"trainer.resume_from_path={tr.resume_from_path!r} is not a complete checkpoint (no "
                 f"{TRAINER_STATE_FILE}); "
-                "expected a global_step_N directory written by a finished save"
+                "expected a global_step_N directory written by a finished save (or an upstream verl FSDP "
+                "checkpoint: global_step_N with actor/fsdp_config.json)"
             )
     custom = v.data.custom_cls
     if (

@@ -54,7 +54,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from verl.utils.checkpoint import dcp_shards
+from verl.utils.checkpoint import dcp_shards, upstream_fsdp
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, _barrier
 from verl.utils.checkpoint.hf_export import export_hf_weights_from_shards, save_hf_metadata
 from verl.utils.checkpoint.integrity import (
@@ -394,6 +394,8 @@ class FSDPCheckpointManager(BaseCheckpointManager):
         if local_path is None and hdfs_path is None:
             return None
         local_path = os.path.abspath(local_path if local_path is not None else hdfs_path)
+        if upstream_fsdp.is_upstream_fsdp_dir(local_path):
+            return self._load_upstream(local_path)
         meta = self._read_meta(local_path)
         contents = self._contents_to_load(meta, local_path)
         same_world = meta.get("world_size") == self.world_size
@@ -526,3 +528,40 @@ class FSDPCheckpointManager(BaseCheckpointManager):
                 f"{self.world_size}: weights, optimizer and schedule are restored (resharded), RNG streams are not",
                 stacklevel=3,
             )
+
+    def _load_upstream(self, local_path: str) -> dict:
+        """An actor/critic directory written by upstream verl (per-rank DTensor files): its weights,
+        optimizer moments and LR schedule, whatever world size wrote them. Every rank assembles
+        the full tensors (memory of one full copy per rank while loading); RNG streams are not
+        restored (upstream's are numpy objects that weights_only loading refuses)."""
+        contents = set(self.load_contents)
+        if _is_peft(self.model):
+            raise NotImplementedError(
+                f"{local_path} is an upstream verl FSDP checkpoint; resuming a LoRA model from one is not supported "
+                "here (merge it with python -m verl.model_merger and start from the merged model)"
+            )
+        if contents & {"model", "hf_model"}:
+            load_full_state_dict(self.model, dict(upstream_fsdp.iter_full_model_tensors(local_path)))
+        if "optimizer" in contents and self.optimizer is not None:
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            ordered = [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+            optim_state = upstream_fsdp.full_optimizer_state(local_path, ordered)
+            load_full_optimizer_state_dict(self.model, self.optimizer, optim_state)
+        extra = upstream_fsdp.load_extra_state(local_path) if "extra" in contents else None
+        if extra and self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        if self.rank == 0:
+            logger.warning(
+                "loaded the upstream verl FSDP checkpoint %s (weights, optimizer, LR schedule); RNG streams start anew",
+                local_path,
+            )
+        _barrier(self.process_group)
+        parent = os.path.basename(os.path.dirname(local_path))
+        step = int(parent[len("global_step_") :]) if parent.startswith("global_step_") and parent[12:].isdigit() else 0
+        meta = {
+            "format": "upstream-fsdp",
+            "global_step": step,
+            "world_size": upstream_fsdp.upstream_world_size(local_path),
+        }
+        self.previous_global_step = step
+        return meta
