@@ -244,6 +244,10 @@ GLOSSARY = {
     "algorithm.gdpo_reward_keys": "GDPO: reward extra-info keys normalised per group and combined",
     "algorithm.gdpo_reward_weights": "GDPO: weights of those keys (null: equal)",
     "trainer.cpus_per_worker": "CPU share of one worker process; null: the node's CPUs shared out",
+    "trainer.placement_timeout_s": (
+        "(ours) seconds to wait for Ray to place the workers before failing with what was asked and what the "
+        "cluster has; a private single-node Ray is checked at once"
+    ),
     "trainer.torch_threads_per_worker": "torch intra-op threads of a worker; null: its CPU share, at least 1",
     "trainer.worker_backend": (
         "auto | ray | local: local runs a one-worker CPU job's worker inside the driver process (no Ray); "
