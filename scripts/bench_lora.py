@@ -7,8 +7,9 @@ same architecture (LlamaForCausalLM, random weights, built here), full fine-tuni
 world size 1, fp32 on CPU):
 - trainable parameters and AdamW state bytes (exp_avg + exp_avg_sq, read from the optimizer after
   a step), each also as a fraction of full fine-tuning;
-- checkpoint size: full fine-tuning = huggingface/ weights + optim.pt; LoRA with
-  `save_lora_only=True` = lora_adapter/ + optim.pt; the merged export is the size of the full weights;
+- checkpoint size: the whole actor checkpoint directory: full fine-tuning = dcp/ (weights + optimizer
+  shards) + huggingface/ (config, tokenizer); LoRA with `save_lora_only=True` = lora_adapter/ + dcp/
+  (optimizer) + huggingface/ (config, tokenizer); the merged export is the size of the full weights;
 - peak memory: the process's peak resident set size after model build and 6 update steps, minus
   the RSS before the model was built (each configuration runs in a fresh process);
 - step time: median seconds of `update_actor` (steps 2-6) on 16 sequences of 32 tokens (one micro-batch).
@@ -175,8 +176,7 @@ def measure_one(model_dir: str, rank: int, steps: int = 6) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt"
         worker.save_checkpoint(str(ckpt), global_step=1)
-        weights = ckpt / ("lora_adapter" if rank > 0 else "huggingface")
-        ckpt_bytes = _dir_bytes(weights) + (ckpt / "optim.pt").stat().st_size
+        ckpt_bytes = _dir_bytes(ckpt)
     return {
         "rank": rank,
         "trainable_params": trainable,

@@ -76,7 +76,14 @@ GLOSSARY = {
     # engines
     "strategy": "training backend: fsdp (FSDP2, the only one here; fsdp2 is an alias)",
     "fsdp_config.mixed_precision.param_dtype": "compute dtype of parameters (null: bf16 on CUDA, fp32 on CPU)",
-    "checkpoint.save_contents": "what a checkpoint holds: model, optimizer, extra (scheduler, RNG)",
+    "checkpoint.save_contents": (
+        "what a checkpoint holds: model, optimizer (DCP shards), extra (scheduler, RNG), hf_model (a Hugging Face "
+        "export streamed from the shards)"
+    ),
+    "checkpoint.async_save": (
+        "write the shards in the background while training continues; the step is published once they are "
+        "written (next save or end of run)"
+    ),
     "ulysses_sequence_parallel_size": "sequence parallelism (not implemented: must be 1)",
     # batch sizes (docs/batch_sizes.md)
     "ppo_micro_batch_size_per_gpu": (
@@ -235,6 +242,10 @@ GLOSSARY = {
     "algorithm.gdpo_reward_keys": "GDPO: reward extra-info keys normalised per group and combined",
     "algorithm.gdpo_reward_weights": "GDPO: weights of those keys (null: equal)",
     "trainer.cpus_per_worker": "CPU share of one worker process; null: the node's CPUs shared out",
+    "trainer.placement_timeout_s": (
+        "(ours) seconds to wait for Ray to place the workers before failing with what was asked and what the "
+        "cluster has; a private single-node Ray is checked at once"
+    ),
     "trainer.torch_threads_per_worker": "torch intra-op threads of a worker; null: its CPU share, at least 1",
     "trainer.worker_backend": (
         "auto | ray | local: local runs a one-worker CPU job's worker inside the driver process (no Ray); "

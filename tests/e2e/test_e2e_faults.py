@@ -41,7 +41,7 @@ def test_saved_step_metrics_survive_a_kill_and_a_damaged_checkpoint_falls_back(r
     assert "actor/pg_loss" in metrics[2] and "the metrics of step 2 were not in the log" in caplog.text
 
     # the newest checkpoint (step 4) is damaged: auto-resume warns and continues from step 2
-    victim = os.path.join(run_dir, "ckpt", "global_step_4", "actor", "optim.pt")
+    victim = os.path.join(run_dir, "ckpt", "global_step_4", "actor", "dcp", "__0_0.distcp")
     data = open(victim, "rb").read()
     open(victim, "wb").write(data[: len(data) // 2])
     caplog.clear()
@@ -52,12 +52,12 @@ def test_saved_step_metrics_survive_a_kill_and_a_damaged_checkpoint_falls_back(r
     # resuming a damaged checkpoint by path fails, naming the file (step 4 was saved again: damage it again)
     data = open(victim, "rb").read()
     open(victim, "wb").write(data[: len(data) // 2])
-    with pytest.raises(ValueError, match=r"global_step_4/actor/optim\.pt is truncated"):
+    with pytest.raises(ValueError, match=r"global_step_4/actor/dcp/__0_0\.distcp is truncated"):
         run(
             assets,
             run_dir,
             *COMMON,
             "trainer.total_training_steps=4",
             "trainer.resume_mode=resume_path",
-            f"trainer.resume_from_path={os.path.dirname(os.path.dirname(victim))}",
+            f"trainer.resume_from_path={os.path.join(run_dir, 'ckpt', 'global_step_4')}",
         )

@@ -64,7 +64,9 @@ def test_grpo_lora_kl_from_the_disabled_adapter_and_exact_adapter_only_resume(ra
     assert finite(straight[4]["actor/kl_loss"]) and straight[4]["actor/kl_loss"] > 0
     assert "timing_s/ref" in straight[1]
     step2 = tmp_path / "a" / "ckpt" / "global_step_2" / "actor"
-    assert sorted(p.name for p in step2.iterdir() if p.is_dir()) == ["lora_adapter"]  # adapter only
+    # adapter only: the optimizer's shards and huggingface/ with config and tokenizer, no merged weights
+    assert sorted(p.name for p in step2.iterdir() if p.is_dir()) == ["dcp", "huggingface", "lora_adapter"]
+    assert not (step2 / "huggingface" / "model.safetensors").exists()
     assert json.loads((step2 / "lora_adapter" / "adapter_config.json").read_text())["r"] == 4
 
     _, first = run(assets, tmp_path / "b", *common, "trainer.total_training_steps=2")

@@ -342,7 +342,7 @@ def test_adapter_only_checkpoint_resumes_exactly(tiny, tmp_path):
     straight.update_actor(batch)
     ckpt = tmp_path / "ckpt"
     straight.save_checkpoint(str(ckpt), global_step=1)
-    assert not (ckpt / "huggingface").exists()  # adapter only: no merged export
+    assert not (ckpt / "huggingface" / "model.safetensors").exists()  # adapter only: no merged export
     assert (ckpt / "lora_adapter" / "adapter_model.safetensors").is_file()
     m2 = straight.update_actor(batch).meta_info["metrics"]
     expected = straight.compute_log_prob(batch).batch["old_log_probs"]

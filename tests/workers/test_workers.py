@@ -136,7 +136,7 @@ def test_actor_rollout_ref_round_trip(tiny, tmp_path):
 
     ckpt = str(tmp_path / "actor_ckpt")
     worker.save_checkpoint(ckpt, global_step=1)
-    assert os.path.isfile(os.path.join(ckpt, "huggingface", "model.safetensors"))
+    assert sorted(os.listdir(os.path.join(ckpt, "dcp"))) == [".metadata", "__0_0.distcp"]  # the sharded state
     worker.update_actor(batch)  # move away, then restore
     worker.load_checkpoint(ckpt)
     torch.testing.assert_close(worker.compute_log_prob(batch).batch["old_log_probs"], after, atol=0, rtol=0)

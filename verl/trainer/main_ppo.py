@@ -350,6 +350,8 @@ class TaskRunner:
             mapping=role_pool,
             use_gpu=device == "cuda",
             num_cpus_per_worker=_cpus_per_worker(config, pool_spec, device, backend),
+            placement_timeout_s=tr.placement_timeout_s,
+            private_cluster=not (config.ray_kwargs.ray_init.get("address") or os.environ.get("RAY_ADDRESS")),
         )
 
         reward_fn, val_reward_fn = build_reward_fns(config, tokenizer, backend)

@@ -615,6 +615,13 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin, WeightSyncMixin):
             )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def finalize_checkpoint(self):
+        """Wait for an asynchronous save (`checkpoint.async_save`) and publish it; a no-op otherwise."""
+        if self.actor is None:
+            raise RuntimeError(f"finalize_checkpoint needs the actor role; this worker's role is {self.role!r}")
+        self.checkpoint_manager.finalize_save()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
         """Restore the actor; a rollout engine with its own copy is re-synced before generating."""
         if self.actor is None:
@@ -719,6 +726,11 @@ class CriticWorker(Worker, _OffloadMixin):
             self.checkpoint_manager.save_checkpoint(
                 local_path, hdfs_path=hdfs_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep
             )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def finalize_checkpoint(self):
+        """Wait for an asynchronous save (`checkpoint.async_save`) and publish it; a no-op otherwise."""
+        self.checkpoint_manager.finalize_save()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):

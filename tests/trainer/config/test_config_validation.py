@@ -278,6 +278,9 @@ def test_keys_read_by_the_hf_engine_and_the_checkpoint_manager_match_the_code():
     read = set(re.findall(r'cfg\.get\("(\w+)"\)', inspect.getsource(ckpt.BaseCheckpointManager.__init__)))
     # save_lora_only: read by BaseCheckpointManager.should_save_lora_only (upstream's property)
     read |= set(re.findall(r'\.get\("(save_lora_only)"', inspect.getsource(ckpt.BaseCheckpointManager)))
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    read |= set(re.findall(r'\.get\("(async_save)"', inspect.getsource(FSDPCheckpointManager.__init__)))
     assert read == set(CHECKPOINT_KEYS)
 
 

@@ -1,5 +1,7 @@
-"""FSDPCheckpointManager on one process: layout, exact resume (weights, optimizer, schedule, RNG),
-atomic replacement, retention, contents selection, tracker helpers."""
+"""FSDPCheckpointManager on one process: layout (DCP shards), exact resume (weights, optimizer,
+schedule, RNG), the streamed Hugging Face export, the earlier full-state layout, atomic
+replacement, retention, contents selection, tracker helpers, damage and safety. Two ranks and
+resharding: test_checkpoint_reshard.py."""
 
 from __future__ import annotations
 
@@ -40,7 +42,6 @@ def _train_step(model, opt, sched):
 
 
 def test_save_load_resumes_exactly(model_dir, tmp_path):
-    from transformers import AutoModelForCausalLM
 
     model, opt, sched, mgr = _setup(model_dir)
     _train_step(model, opt, sched)
@@ -48,17 +49,16 @@ def test_save_load_resumes_exactly(model_dir, tmp_path):
     mgr.save_checkpoint(path, global_step=1)
     assert sorted(os.listdir(path)) == [
         "checkpoint_meta.json",
+        "dcp",
         "extra_state_world_size_1_rank_0.pt",
         "huggingface",
         "manifest.json",
-        "optim.pt",
     ]
+    assert sorted(os.listdir(os.path.join(path, "dcp"))) == [".metadata", "__0_0.distcp"]
     assert not os.path.exists(path + ".incomplete")
-    # the weights are a loadable Hugging Face model directory with its tokenizer
-    hf = AutoModelForCausalLM.from_pretrained(os.path.join(path, "huggingface"))
-    for (name, a), b in zip(model.state_dict().items(), hf.state_dict().values(), strict=False):
-        assert torch.equal(a, b), name
-    assert os.path.exists(os.path.join(path, "huggingface", "tokenizer.json"))
+    # huggingface/ holds config and tokenizer (for the merger); the weights only with hf_model
+    hf_files = os.listdir(os.path.join(path, "huggingface"))
+    assert {"config.json", "tokenizer.json"} <= set(hf_files) and "model.safetensors" not in hf_files
     # continue: the reference trajectory
     torch.manual_seed(7)
     _train_step(model, opt, sched)
@@ -78,6 +78,50 @@ def test_save_load_resumes_exactly(model_dir, tmp_path):
     first = torch.rand(3)
     mgr3.load_checkpoint(str(tmp_path / "rng"))
     assert torch.equal(torch.rand(3), first)
+
+
+def test_hf_model_export_is_streamed_from_the_shards(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model, opt, sched, mgr = _setup(model_dir, save_contents=["model", "optimizer", "extra", "hf_model"])
+    _train_step(model, opt, sched)
+    path = str(tmp_path / "ckpt")
+    mgr.save_checkpoint(path, global_step=1)
+    hf = AutoModelForCausalLM.from_pretrained(os.path.join(path, "huggingface"))
+    theirs = hf.state_dict()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, theirs[name]), name
+    assert os.path.exists(os.path.join(path, "huggingface", "tokenizer.json"))
+
+
+def test_the_earlier_full_state_layout_still_loads(model_dir, tmp_path):
+    """A checkpoint of the layout before DCP (huggingface/model.safetensors + optim.pt) resumes."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from verl.utils.checkpoint.integrity import rng_state_to_plain, save_plain, write_manifest
+    from verl.utils.fsdp_utils import get_full_optimizer_state_dict
+
+    model, opt, sched, mgr = _setup(model_dir)
+    _train_step(model, opt, sched)
+    path = tmp_path / "old"
+    (path / "huggingface").mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "huggingface/model.safetensors"))
+    model.config.save_pretrained(str(path / "huggingface"))
+    save_plain(get_full_optimizer_state_dict(model, opt), str(path / "optim.pt"))
+    save_plain(
+        {"lr_scheduler": sched.state_dict(), "rng": rng_state_to_plain(mgr.get_rng_state())},
+        str(path / "extra_state_world_size_1_rank_0.pt"),
+    )
+    meta = {"global_step": 3, "world_size": 1, "contents": ["extra", "model", "optimizer"]}
+    (path / "checkpoint_meta.json").write_text(json.dumps(meta))
+    write_manifest(str(path))
+    model2, opt2, sched2, mgr2 = _setup(model_dir)
+    assert mgr2.load_checkpoint(str(path))["global_step"] == 3
+    for a, b in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(opt.state[a]["exp_avg_sq"], opt2.state[b]["exp_avg_sq"])
 
 
 def test_overwrite_is_atomic_and_stale_staging_is_removed(model_dir, tmp_path):
@@ -107,7 +151,7 @@ def test_contents_selection_and_missing_contents(model_dir, tmp_path):
     model, opt, sched, mgr = _setup(model_dir, save_contents=["model"])
     path = str(tmp_path / "weights_only")
     mgr.save_checkpoint(path)
-    assert sorted(os.listdir(path)) == ["checkpoint_meta.json", "huggingface", "manifest.json"]
+    assert sorted(os.listdir(path)) == ["checkpoint_meta.json", "dcp", "huggingface", "manifest.json"]
     _, _, _, full = _setup(model_dir)  # wants model + optimizer + extra
     with pytest.raises(ValueError, match=r"does not contain \['extra', 'optimizer'\]"):
         full.load_checkpoint(path)
@@ -121,7 +165,7 @@ def test_contents_selection_and_missing_contents(model_dir, tmp_path):
 def test_copy_to_local_hdfs_path(model_dir, tmp_path):
     _, _, _, mgr = _setup(model_dir, save_contents=["model"])
     mgr.save_checkpoint(str(tmp_path / "a"), hdfs_path=str(tmp_path / "mirror"))
-    assert os.path.exists(tmp_path / "mirror" / "huggingface" / "model.safetensors")
+    assert os.path.exists(tmp_path / "mirror" / "dcp" / ".metadata")
     with pytest.raises(NotImplementedError, match="hdfs://"):
         mgr.save_checkpoint(str(tmp_path / "b"), hdfs_path="hdfs://cluster/x")
     assert not os.path.exists(tmp_path / "b")  # refused before anything (or any collective) ran
@@ -151,8 +195,7 @@ def test_pt_files_load_with_weights_only_and_hold_only_plain_objects(model_dir, 
     _train_step(model, opt, sched)
     path = str(tmp_path / "ckpt")
     mgr.save_checkpoint(path, global_step=1)
-    for name in ("optim.pt", "extra_state_world_size_1_rank_0.pt"):
-        torch.load(os.path.join(path, name), weights_only=True)  # raises on anything but plain objects
+    torch.load(os.path.join(path, "extra_state_world_size_1_rank_0.pt"), weights_only=True)  # plain objects only
     extra = load_plain(os.path.join(path, "extra_state_world_size_1_rank_0.pt"))
     assert isinstance(extra["rng"]["numpy"], dict)  # numpy's ndarray state stored as lists
 
@@ -174,9 +217,26 @@ def test_a_pickled_object_is_refused_on_load(tmp_path):
         save_plain({"x": Opaque()}, path, "state")
 
 
+def test_dcp_metadata_that_would_run_code_is_refused(model_dir, tmp_path):
+    """DCP itself unpickles `.metadata` without restriction; the manager's reader admits only DCP's
+    own classes, so a crafted file (with a manifest that matches it) is refused, naming the class."""
+    import pickle
+
+    from verl.utils.checkpoint.integrity import CheckpointCorruptError, write_manifest
+
+    _, _, _, mgr = _setup(model_dir)
+    path = str(tmp_path / "ckpt")
+    mgr.save_checkpoint(path, global_step=1)
+    with open(os.path.join(path, "dcp", ".metadata"), "wb") as fh:
+        pickle.dump(Opaque(), fh)
+    write_manifest(path)
+    with pytest.raises(CheckpointCorruptError, match=r"references test_checkpoint_manager.Opaque.*refused"):
+        _setup(model_dir)[3].load_checkpoint(path)
+
+
 @pytest.mark.parametrize(
     "victim",
-    ["optim.pt", "extra_state_world_size_1_rank_0.pt", "huggingface/model.safetensors", "checkpoint_meta.json"],
+    ["dcp/__0_0.distcp", "dcp/.metadata", "extra_state_world_size_1_rank_0.pt", "checkpoint_meta.json"],
 )
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_file_is_named_on_load(model_dir, tmp_path, victim, damage):
@@ -208,7 +268,7 @@ def test_disk_full_during_save_names_directory_step_and_cause(model_dir, tmp_pat
     real_save = torch.save
 
     def full_disk(obj, f, *a, **kw):
-        if str(f).endswith("optim.pt"):
+        if str(f).endswith("rank_0.pt"):
             # what torch's zip writer raises when a write hits ENOSPC
             raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 1472 vs 1366")
         return real_save(obj, f, *a, **kw)

@@ -89,14 +89,43 @@ def init_process_group_if_needed(backend: str | None = None, timeout_s: float = 
     backend = backend or get_dist_backend()
     if "nccl" in backend and is_cuda_available:
         get_torch_device().set_device(_local_device_index())
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    timeout = timedelta(seconds=timeout_s)
+    if address in _LOOPBACK:
+        # every rank is on this machine: the rendezvous store listens on loopback only (torch's
+        # TCPStore server binds all interfaces unless it is handed a socket bound elsewhere)
+        store = _loopback_store(port, rank, world_size, timeout)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        return True
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=timedelta(seconds=timeout_s),
+        init_method=f"tcp://{address}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
     )
     return True
+
+
+_LOOPBACK = ("127.0.0.1", "localhost")
+
+
+def _loopback_store(port: int, rank: int, world_size: int, timeout: timedelta):
+    """torch.distributed's TCPStore on 127.0.0.1:`port`; rank 0 serves it from a socket bound to
+    loopback, the other ranks connect to it."""
+    import socket
+
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(128)
+    # detach: the store owns the descriptor from here on (Python must not close it when `listener` goes)
+    return dist.TCPStore("127.0.0.1", port, world_size, True, timeout=timeout, master_listen_fd=listener.detach())
 
 
 def _local_device_index() -> int:

@@ -108,6 +108,7 @@ class RayResourcePool(ResourcePool):
             raise ValueError(f"num_cpus_per_worker must be > 0, got {num_cpus_per_worker!r}")
         self.num_cpus_per_worker = float(num_cpus_per_worker)
         self.placement_timeout_s = placement_timeout_s
+        self.request_description: str | None = None  # what the whole job asks for (set by the trainer)
         self.pgs: list[PlacementGroup] | None = None
         self._groups_placed = 0
 
@@ -148,10 +149,13 @@ class RayResourcePool(ResourcePool):
         except GetTimeoutError:
             for pg in pgs:
                 remove_placement_group(pg)
+            asked = self.request_description or f"{self._store} process slots per node of {bundle}"
             raise RuntimeError(
-                f"Ray could not reserve {self._store} process slots of {bundle} within {self.placement_timeout_s} s. "
-                f"Free now: {ray.available_resources()}; cluster total: {ray.cluster_resources()}. "
-                f"Use fewer workers, a smaller num_cpus_per_worker, or start Ray with more resources."
+                f"Ray could not place the workers within {self.placement_timeout_s} s. Asked: {asked}. "
+                f"Free now: {ray.available_resources()}; cluster total: {ray.cluster_resources()} on "
+                f"{sum(1 for n in ray.nodes() if n.get('Alive'))} alive node(s). "
+                f"Use fewer workers, a smaller num_cpus_per_worker, or start Ray with more resources "
+                "(trainer.placement_timeout_s sets this wait)."
             ) from None
         self.pgs = pgs
         return pgs
@@ -376,7 +380,7 @@ class RayWorkerGroup(WorkerGroup):
             num_threads_per_worker = int(from_env) if from_env else max(1, int(resource_pool.num_cpus_per_worker))
         if num_threads_per_worker < 1:
             raise ValueError(f"num_threads_per_worker must be >= 1, got {num_threads_per_worker}")
-        master_addr, master_port = self._choose_master(pgs[0])
+        master_addr, master_port = self._choose_master(pgs)
         forwarded = {k: v for k, v in os.environ.items() if k.startswith("VERL_")}
         cls_name = self.user_cls.__name__
         rank = 0
@@ -417,12 +421,16 @@ class RayWorkerGroup(WorkerGroup):
         resource_pool._groups_placed += 1
 
     @staticmethod
-    def _choose_master(pg: PlacementGroup) -> tuple[str, int]:
-        """Address of the node of rank 0's slot, and a free port there."""
-        node_id = placement_group_table(pg)["bundles_to_node_id"][0]
+    def _choose_master(pgs: list[PlacementGroup]) -> tuple[str, int]:
+        """Address of the node of rank 0's slot (127.0.0.1 when every slot is on that node, so
+        the rendezvous binds loopback only), and a free port there."""
+        tables = [placement_group_table(pg)["bundles_to_node_id"] for pg in pgs]
+        node_id = tables[0][0]
         address = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), None)
         if address is None:
             raise RuntimeError(f"node {node_id} of the placement group is not in ray.nodes()")
+        if {n for table in tables for n in table.values()} == {node_id}:
+            address = "127.0.0.1"
         if node_id == ray.get_runtime_context().get_node_id():
             return address, WorkerHelper._get_free_port()
         # another node: ask a zero-CPU task there for a free port

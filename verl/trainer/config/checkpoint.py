@@ -19,7 +19,8 @@ class CheckpointConfig(BaseConfig):
       step), hf_model (a Hugging Face export); `load_contents` null = `save_contents`.
     - `save_lora_only`: a LoRA model writes only its adapter (`lora_adapter/`, peft format), no
       merged export unless `hf_model` is listed; no effect without LoRA.
-    - `async_save`: refused when true (saving is synchronous and atomic here).
+    - `async_save` (FSDP here; upstream: Megatron only): shards are written by a background thread
+      while training goes on; the checkpoint is published only once complete (docs/checkpoints.md).
     - `strict`: no effect; checkpoints here always load strictly (every weight must match).
     """
 
@@ -36,8 +37,3 @@ class CheckpointConfig(BaseConfig):
             bad = sorted(set(getattr(self, key)) - set(CHECKPOINT_CONTENTS))
             if bad:
                 raise ValueError(f"checkpoint.{key} has unknown entries {bad}; accepted: {list(CHECKPOINT_CONTENTS)}")
-        if self.async_save:
-            raise ValueError(
-                "checkpoint.async_save=True is not available: asynchronous checkpoint saving is not implemented "
-                "(available: synchronous atomic saving)"
-            )

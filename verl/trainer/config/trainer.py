@@ -43,6 +43,9 @@ class TrainerConfig(BaseConfig):
       `ray_kwargs.ray_init.runtime_env` entries, no timeline, Ray not already started in this
       process), else `ray`.
     - `nnodes`: machines of the Ray cluster used by the run.
+    - `placement_timeout_s`: how long to wait for Ray to reserve the worker slots before failing
+      with what was asked (per node, per role pool) and what the cluster has. A private
+      single-node Ray is checked before any worker starts and fails at once.
     - `total_epochs`: passes over the training data (unless `total_training_steps` stops earlier).
     - `project_name` / `experiment_name`: names for the loggers and the default directories.
     - `logger`: backends: console, file, tensorboard, wandb, mlflow.
@@ -71,6 +74,7 @@ class TrainerConfig(BaseConfig):
     nnodes: int = 1
     n_gpus_per_node: int = 1
     cpus_per_worker: float | None = None
+    placement_timeout_s: float = 120.0
     torch_threads_per_worker: int | None = None
     worker_backend: str = "auto"
     total_epochs: int = 2
@@ -110,6 +114,7 @@ class TrainerConfig(BaseConfig):
         check_range(owner, "nnodes", self.nnodes, low=1)
         check_range(owner, "n_gpus_per_node", self.n_gpus_per_node, low=1)
         check_range(owner, "cpus_per_worker", self.cpus_per_worker, low=0.0, low_open=True, allow_none=True)
+        check_range(owner, "placement_timeout_s", self.placement_timeout_s, low=0.0, low_open=True)
         check_range(owner, "torch_threads_per_worker", self.torch_threads_per_worker, low=1, allow_none=True)
         check_range(owner, "total_epochs", self.total_epochs, low=1)
         check_range(owner, "total_training_steps", self.total_training_steps, low=1, allow_none=True)

@@ -114,6 +114,20 @@ def step_of(path: str) -> int:
     return int(m.group(1))
 
 
+def upstream_step_dir(path: str) -> str | None:
+    """The `global_step_N` directory when `path` is one written by upstream verl's FSDP trainer
+    (its `actor/` holds `fsdp_config.json` and per-rank model files), or is its `actor/`; else None."""
+    from verl.utils.checkpoint.upstream_fsdp import is_upstream_fsdp_dir
+
+    path = os.path.normpath(path)
+    if os.path.isdir(os.path.join(path, "actor")) and is_upstream_fsdp_dir(os.path.join(path, "actor")):
+        return path if STEP_DIR_RE.match(os.path.basename(path)) else None
+    if os.path.isdir(path) and is_upstream_fsdp_dir(path) and os.path.basename(path) == "actor":
+        parent = os.path.dirname(path)
+        return parent if STEP_DIR_RE.match(os.path.basename(parent)) else None
+    return None
+
+
 def remove_stale_tmp_dirs(root_path: str) -> list[str]:
     """Delete half-written checkpoint directories left by a crash; returns what was removed."""
     removed = []
@@ -132,13 +146,31 @@ def save_checkpoint_atomically(root_path: str, step: int, write_fn: Callable[[st
     `write_fn` must write `trainer_state.pt` (the marker of a complete checkpoint) among its
     files. Returns the final `global_step_N` path.
     """
+    return publish_checkpoint(root_path, step, stage_checkpoint(root_path, step, write_fn))
+
+
+def stage_checkpoint(root_path: str, step: int, write_fn: Callable[[str], None]) -> str:
+    """Call `write_fn(tmp_dir)` in a fresh hidden `.tmp_global_step_N_<pid>`; returns it. Nothing
+    is published: a crash from here to `publish_checkpoint` leaves only the hidden directory."""
     os.makedirs(root_path, exist_ok=True)
     tmp = os.path.join(root_path, f"{TMP_PREFIX}{step}_{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
+        write_fn(tmp)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception):
+            raise _save_error(exc, root_path, step) from exc
+        raise
+    return tmp
+
+
+def publish_checkpoint(root_path: str, step: int, tmp: str) -> str:
+    """Check the staged `tmp` is complete, write its manifest, fsync, rename it to `global_step_N`
+    and then update the tracker; returns the final path."""
+    try:
         try:
-            write_fn(tmp)
             if not os.path.isfile(os.path.join(tmp, TRAINER_STATE_FILE)):
                 raise RuntimeError(f"checkpoint writer produced no {TRAINER_STATE_FILE} in {tmp}")
             write_manifest(tmp)  # last: a directory with a manifest was written completely
@@ -321,11 +353,23 @@ class TrainerCheckpointer:
     (`data.pt`) and the trainer's `state_dict()` (`trainer_state.pt`, plus the step's metrics).
     `saved_step` is the last step saved (a resumed run's current step counts), so a run that ends
     early is saved once at its end.
+
+    With `checkpoint.async_save` (actor or critic) the workers return while their shards are still
+    being written: the step directory stays hidden (`pending`) until `finish_pending()`, which the
+    next save and the end of the run call; it waits for the workers' writes and only then
+    publishes the directory and the tracker.
     """
 
     def __init__(self, trainer: RayPPOTrainer):
         self.trainer = trainer
         self.saved_step: int | None = None
+        self.pending: tuple[int, str] | None = None  # (step, hidden directory) of an async save
+
+    @property
+    def async_save(self) -> bool:
+        t = self.trainer
+        roles = [t.cfg.actor.checkpoint] + ([t.cfg.critic.checkpoint] if t.use_critic else [])
+        return any(bool(dict(c or {}).get("async_save", False)) for c in roles)
 
     def should_save(self, step: int, is_last: bool) -> bool:
         """Every `trainer.save_freq` steps and at the last step, once per step; never when
@@ -354,9 +398,34 @@ class TrainerCheckpointer:
             state["step_metrics"] = {k: to_jsonable(v) for k, v in (metrics or {}).items()}
             save_plain(state, os.path.join(tmp, TRAINER_STATE_FILE), "trainer state")
 
-        path = save_checkpoint_atomically(root, t.global_steps, write)
-        prune_checkpoints(root, tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep, newest_step=t.global_steps)
+        self.finish_pending()
+        tmp = stage_checkpoint(root, t.global_steps, write)
         self.saved_step = t.global_steps
+        self.pending = (t.global_steps, tmp)
+        if self.async_save:
+            return step_dir(root, t.global_steps)  # published by finish_pending()
+        return self.finish_pending()
+
+    def finish_pending(self) -> str | None:
+        """Wait for the workers' asynchronous writes of the staged checkpoint, then publish it and
+        prune old ones; returns its path (None when nothing is pending)."""
+        if self.pending is None:
+            return None
+        (step, tmp), self.pending = self.pending, None
+        t = self.trainer
+        tr = t.cfg.trainer
+        if self.async_save:
+            try:
+                t.actor_rollout_wg.finalize_checkpoint()
+                if t.use_critic:
+                    t.critic_wg.finalize_checkpoint()
+            except BaseException as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if isinstance(exc, Exception):
+                    raise _save_error(exc, tr.default_local_dir, step) from exc
+                raise
+        path = publish_checkpoint(tr.default_local_dir, step, tmp)
+        prune_checkpoints(tr.default_local_dir, tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep, newest_step=step)
         return path
 
     def load(self) -> int:
@@ -373,6 +442,9 @@ class TrainerCheckpointer:
         if path is None:
             return 0
         logger.info("resuming from %s", path)
+        upstream = upstream_step_dir(path) if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)) else None
+        if upstream is not None:
+            return self._load_upstream(upstream)
         t.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"), None, del_local_after_load=False)
         if t.use_critic:
             critic_path = os.path.join(path, "critic")
@@ -389,6 +461,8 @@ class TrainerCheckpointer:
             return None
         if tr.resume_mode == "resume_path":
             path = tr.resume_from_path
+            if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)) and upstream_step_dir(path) is not None:
+                return path
             if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
                 raise FileNotFoundError(
                     f"trainer.resume_from_path={path!r} is not a complete checkpoint (no {TRAINER_STATE_FILE})"
@@ -397,6 +471,27 @@ class TrainerCheckpointer:
             verify_checkpoint(path)
             return path
         return checkpoint_to_resume(tr.default_local_dir)
+
+    def _load_upstream(self, path: str) -> int:
+        """Continue from a checkpoint written by upstream verl's FSDP trainer: the workers load its
+        weights, optimizer moments and LR schedule (any world size); the step comes from the
+        directory name and the data position from its `data.pt` when that loads safely. The driver's
+        RNG, the KL controller and callback states start anew (upstream does not save them)."""
+        t = self.trainer
+        t.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"), None, del_local_after_load=False)
+        if t.use_critic:
+            critic = os.path.join(path, "critic")
+            if not os.path.isdir(critic):
+                raise FileNotFoundError(f"upstream checkpoint {path} has no critic/ part but this run trains a critic")
+            t.critic_wg.load_checkpoint(critic, None, del_local_after_load=False)
+        data = os.path.join(path, "data.pt")
+        try:
+            t.train_dataloader.load_state_dict(load_plain(data))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("resume: the data position of %s is not restored (%s); the epoch starts over", path, exc)
+        t.global_steps = step_of(path)
+        logger.warning("resumed from the upstream verl checkpoint %s at step %d", path, t.global_steps)
+        return t.global_steps
 
     def relog_saved_step(self) -> None:
         """After a resume: log the checkpointed step's metrics if the metrics file lacks them (the

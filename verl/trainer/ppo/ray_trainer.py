@@ -776,6 +776,7 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ end of run
     def _finish(self) -> None:
+        self.checkpointer.finish_pending()  # an asynchronous save is published before the run ends
         for cb in self.callbacks:
             cb.on_fit_end(self)
         tr = self.cfg.trainer

@@ -498,8 +498,9 @@ HF_ENGINE_KWARGS = {
     "sync_check_tol": "a number: tolerance of the rollout/actor log-prob agreement check",
 }
 # `*.checkpoint.*`: what verl.utils.checkpoint.BaseCheckpointManager reads
-# save_lora_only (ours, not in upstream's yaml: append it with +): FSDPCheckpointManager reads it
-CHECKPOINT_KEYS = ("save_contents", "load_contents", "save_lora_only")
+# save_lora_only (ours, not in upstream's yaml: append it with +) and async_save: FSDPCheckpointManager
+# reads them (async_save also TrainerCheckpointer, which publishes the step once the shards are written)
+CHECKPOINT_KEYS = ("save_contents", "load_contents", "save_lora_only", "async_save")
 # arguments the trainer passes to every reward function itself
 REWARD_FN_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 # arguments of a reward manager's constructor that the trainer fills itself
@@ -609,7 +610,7 @@ def check_checkpoint_contents(owner: str, checkpoint: Any) -> None:
     for key, value in section.items():
         where = f"{owner}.checkpoint.{key}"
         if key not in CHECKPOINT_KEYS and (rule_for(where) is not None or _has_path(_yaml_raw(), where)):
-            continue  # an upstream key (async_save, strict, ...): upstream_keys decides its behaviour
+            continue  # an upstream key (strict, ...): upstream_keys decides its behaviour
         if key not in CHECKPOINT_KEYS:
             close = closest_keys(str(key), CHECKPOINT_KEYS)
             hint = f" (did you mean {' or '.join(owner + '.checkpoint.' + c for c in close)}?)" if close else ""
@@ -618,7 +619,7 @@ def check_checkpoint_contents(owner: str, checkpoint: Any) -> None:
             )
         if value is None:
             continue
-        if key == "save_lora_only":
+        if key in ("save_lora_only", "async_save"):
             if not isinstance(value, bool):
                 raise TypeError(f"{where}={value!r}: expected a boolean (true or false)")
             continue
@@ -772,7 +773,7 @@ def check_run_inputs(v: ValidatedConfig) -> None:
     """The checkpoint to resume from and the custom dataset file exist."""
     tr = v.trainer
     if tr.resume_mode == "resume_path" and tr.resume_from_path:
-        from verl.trainer.ppo.checkpoint import TRAINER_STATE_FILE
+        from verl.trainer.ppo.checkpoint import TRAINER_STATE_FILE, upstream_step_dir
 
         path = os.path.expanduser(str(tr.resume_from_path))
         if not os.path.exists(path):
@@ -780,11 +781,12 @@ def check_run_inputs(v: ValidatedConfig) -> None:
                 f"trainer.resume_from_path={tr.resume_from_path!r} does not exist (resolved from {os.getcwd()!r}); "
                 "expected a global_step_N checkpoint directory, or use trainer.resume_mode=auto"
             )
-        if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
+        if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)) and upstream_step_dir(path) is None:
             raise FileNotFoundError(
                 f"trainer.resume_from_path={tr.resume_from_path!r} is not a complete checkpoint (no "
                 f"{TRAINER_STATE_FILE}); "
-                "expected a global_step_N directory written by a finished save"
+                "expected a global_step_N directory written by a finished save (or an upstream verl FSDP "
+                "checkpoint: global_step_N with actor/fsdp_config.json)"
             )
     custom = v.data.custom_cls
     if (

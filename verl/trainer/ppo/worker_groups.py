@@ -30,6 +30,9 @@ class ResourcePoolManager:
     use_gpu: bool = True
     num_cpus_per_worker: float | None = None
     resource_pool_dict: dict[str, Any] = field(default_factory=dict)
+    placement_timeout_s: float = 120.0
+    # the private single-node Ray started for this run: a job that cannot fit fails before any worker starts
+    private_cluster: bool = False
 
     def create_resource_pool(self, in_process: bool = False) -> None:
         """One pool per `resource_pool_spec` entry: Ray placement groups, or (`in_process`, for
@@ -51,7 +54,11 @@ class ResourcePoolManager:
                 max_colocate_count=1,
                 name_prefix=f"{name}_{run_id}_",
                 num_cpus_per_worker=self.num_cpus_per_worker,
+                placement_timeout_s=self.placement_timeout_s,
             )
+        from verl.trainer.ppo.cluster_fit import check_cluster_fits
+
+        check_cluster_fits(self.resource_pool_dict, self.mapping, fail_now=self.private_cluster)
 
     def release(self) -> None:
         """Give every pool's reservation back to Ray (its actors are killed)."""
