@@ -32,8 +32,7 @@ def test_checkpoint_config_object_sets_the_contents():
     assert manager.save_contents == ["model", "hf_model"] and manager.load_contents == ["model", "hf_model"]
     with pytest.raises(ValueError, match=r"checkpoint.save_contents has unknown entries \['weights'\]"):
         CheckpointConfig(save_contents=["weights"])
-    with pytest.raises(ValueError, match="async_save=True is not available"):
-        CheckpointConfig(async_save=True)
+    assert FSDPCheckpointManager(object(), checkpoint_config=CheckpointConfig(async_save=True)).async_save is True
 
 
 def test_is_lora_only_state_dict():
