@@ -242,16 +242,16 @@ def test_bad_values_name_key_value_and_choices(build, message):
         build()
 
 
-def test_global_batch_info_property_follows_the_active_context():
-    cfg = ActorConfig()
-    assert cfg.global_batch_info == {}
+def test_global_batch_info_is_a_plain_dict_field_of_each_config():
+    cfg, other = ActorConfig(), ActorConfig()
+    assert cfg.global_batch_info == {} and "global_batch_info" in [f.name for f in dataclasses.fields(ActorConfig)]
+    cfg.global_batch_info.update(dp_size=1, batch_num_tokens=12, global_batch_size=4)
+    assert other.global_batch_info == {}
     loss = torch.arange(6.0).view(2, 3)
-    mask = torch.ones(2, 3)
-    with core_algos.global_batch_info(dp_size=1, batch_num_tokens=12, global_batch_size=4):
-        info = cfg.global_batch_info
-        assert info["batch_num_tokens"] == 12
-        # upstream-style call: the share of this micro-batch in a 12-token mini-batch
-        assert core_algos.agg_loss(loss, mask, "token-mean", **info).item() == pytest.approx(15.0 / 12)
+    # upstream-style call: the share of this micro-batch in a 12-token mini-batch
+    assert core_algos.agg_loss(loss, torch.ones(2, 3), "token-mean", **cfg.global_batch_info).item() == pytest.approx(
+        15.0 / 12
+    )
 
 
 def _compare_defaults(node, defaults, path, mismatches):

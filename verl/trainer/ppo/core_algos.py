@@ -15,8 +15,8 @@ Extension points (user files can register their own functions without editing th
   **kwargs) -> (advantages, returns)`, selected by `algorithm.adv_estimator`.
 
 Micro-batching: `agg_loss` computes the exact share of the mini-batch loss for a micro-batch when
-it knows the mini-batch-global denominators; the actor provides them with the
-`global_batch_info(...)` context manager (see its docstring and docs/algorithms.md).
+it is given the mini-batch-global denominators; the engine writes them into the loss's
+`config.global_batch_info` and every loss passes `**batch_info_of(config)` on (docs/algorithms.md).
 
 Layout: this module owns the registries, their registrars and getters, the estimator traits and
 `AdvantageEstimator`; the built-in functions live in `verl.trainer.ppo.algos` (`aggregation`, `kl`,
@@ -62,10 +62,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "GLOBAL_BATCH_INFO_KEYS",
     "agg_loss",
-    "global_batch_info",
-    "get_global_batch_info",
-    "GlobalBatchInfoView",
-    "global_batch_info_view",
+    "batch_info_of",
     "BatchLossStats",
     "compute_batch_loss_stats",
     "merge_batch_loss_stats",
@@ -357,19 +354,13 @@ from verl.trainer.ppo.algos.advantages import (  # noqa: E402
     step_rewards_to_go,
 )
 from verl.trainer.ppo.algos.aggregation import (  # noqa: E402
-    _BASE_GLOBAL_BATCH_INFO as _BASE_GLOBAL_BATCH_INFO,  # the base values, read by tests
-)
-from verl.trainer.ppo.algos.aggregation import (  # noqa: E402
     GLOBAL_BATCH_INFO_KEYS,
     LOSS_AGG_MODES,
     BatchLossStats,
-    GlobalBatchInfoView,
     agg_loss,
+    batch_info_of,
     compute_batch_loss_stats,
     compute_group_num_tokens,
-    get_global_batch_info,
-    global_batch_info,
-    global_batch_info_view,
     make_global_batch_info,
     merge_batch_loss_stats,
 )

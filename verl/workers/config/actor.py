@@ -122,6 +122,10 @@ class ActorConfig(BaseConfig):
     # upstream's engine config and model config objects (set by its workers); null here
     engine: Any = None
     model_config: Any = None
+    # the loss denominators of the micro-batch being computed (keys: `core_algos.GLOBAL_BATCH_INFO_KEYS`),
+    # written by the engine before each loss call and passed on by every loss as
+    # `agg_loss(..., **config.global_batch_info)` (upstream main); state of this config only
+    global_batch_info: dict = field(default_factory=dict)
 
     def __post_init__(self):
         owner = "actor_rollout_ref.actor"
@@ -150,16 +154,6 @@ class ActorConfig(BaseConfig):
                 f"{owner}.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size}: "
                 "sequence parallelism is not implemented; use 1"
             )
-
-    @property
-    def global_batch_info(self) -> dict:
-        """The mini-batch-global denominators of the micro-batch being computed (set by the actor
-        through `core_algos.global_batch_info`); lets upstream-style user losses call
-        `agg_loss(..., **config.global_batch_info)`."""
-        from verl.trainer.ppo.core_algos import global_batch_info_view
-
-        # live and writable: upstream-style `config.global_batch_info[k] = v` takes effect
-        return global_batch_info_view()
 
 
 # Upstream name of the FSDP flavour of the actor config.
