@@ -8,11 +8,13 @@ budget `ppo_max_token_len_per_gpu`. See docs/batch_sizes.md.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig, check_choice, check_range
 from verl.trainer.ppo import mode_names
+from verl.utils.py_functional import config_get
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import OptimizerConfig
 
@@ -89,7 +91,8 @@ class ActorConfig(BaseConfig):
     clip_ratio_low: float | None = None  # null = clip_ratio
     clip_ratio_high: float | None = None  # null = clip_ratio
     clip_ratio_c: float = 3.0
-    # sapo soft-gate temperatures (upstream's place; policy_loss.tau_pos/tau_neg win when given)
+    # sapo soft-gate temperatures (upstream's place; policy_loss.tau_pos/tau_neg win when they are
+    # not at their default); after construction both places hold the value the loss uses
     tau_pos: float = 1.0
     tau_neg: float = 1.05
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -149,11 +152,28 @@ class ActorConfig(BaseConfig):
         check_range(owner, "loss_scale_factor", self.loss_scale_factor, low=0.0, low_open=True, allow_none=True)
         check_range(owner, "entropy_coeff", self.entropy_coeff, low=0.0)
         check_range(owner, "kl_loss_coef", self.kl_loss_coef, low=0.0)
+        self._unify_sapo_temperatures()
         if self.ulysses_sequence_parallel_size != 1:
             raise ValueError(
                 f"{owner}.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size}: "
                 "sequence parallelism is not implemented; use 1"
             )
+
+    def _unify_sapo_temperatures(self) -> None:
+        """`tau_pos` / `tau_neg` live at upstream's place (this config) and at ours
+        (`policy_loss`); the one that is not at its default wins, and both are set to it, so the
+        loss, upstream code reading `config.tau_pos` and a raw upstream yaml section agree."""
+        defaults = PolicyLossConfig()
+        for key in ("tau_pos", "tau_neg"):
+            top, nested, default = getattr(self, key), config_get(self.policy_loss, key), getattr(defaults, key)
+            value = nested if nested is not None and nested != default else top
+            check_range("actor_rollout_ref.actor", key, value, low=0.0, low_open=True)
+            setattr(self, key, value)
+            if nested != value:
+                if isinstance(self.policy_loss, PolicyLossConfig):
+                    self.policy_loss = dataclasses.replace(self.policy_loss, **{key: value})
+                else:
+                    self.policy_loss[key] = value
 
 
 # Upstream name of the FSDP flavour of the actor config.

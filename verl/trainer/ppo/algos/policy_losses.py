@@ -165,8 +165,9 @@ def compute_policy_loss_sapo(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """SAPO: a soft sigmoid gate replaces the hard clip.
 
-    `gate = sigmoid(tau * (ratio - 1)) * 4 / tau`, tau = `policy_loss.tau_pos` (default 1.0) where
-    A > 0 else `policy_loss.tau_neg` (1.05); per-token loss `-gate * A`. At ratio 1 the gate is
+    `gate = sigmoid(tau * (ratio - 1)) * 4 / tau`, tau = `tau_pos` (default 1.0) where A > 0 else
+    `tau_neg` (1.05), read from `config.policy_loss`, else `config` (an `ActorConfig` holds the same
+    value at both places: upstream's `actor.tau_pos` and ours); per-token loss `-gate * A`. At ratio 1 the gate is
     2/tau with slope exactly 1 (same gradient as the unclipped objective on-policy).
     As upstream (and the SAPO paper), the loss is always aggregated `seq-mean-token-mean`; the
     `loss_agg_mode` argument is accepted and ignored.
