@@ -37,6 +37,17 @@ def test_item_access_covers_set_attributes_and_rejects_non_string_keys():
         cfg[123]
 
 
+def test_a_missing_key_is_both_a_key_error_and_an_attribute_error():
+    """Upstream's BaseConfig raises AttributeError for cfg["missing"]; Mapping code expects
+    KeyError (`in`, `get`): one exception that is both."""
+    cfg = ActorConfig()
+    with pytest.raises(AttributeError, match="ActorConfig has no key 'no_such_key'"):
+        cfg["no_such_key"]
+    with pytest.raises(KeyError):
+        cfg["no_such_key"]
+    assert "no_such_key" not in cfg and cfg.get("no_such_key", 3) == 3
+
+
 def test_a_property_that_raises_attribute_error_is_not_turned_into_key_error():
     @dataclasses.dataclass
     class WithProperty(BaseConfig):
