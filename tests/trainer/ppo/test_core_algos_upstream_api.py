@@ -382,3 +382,14 @@ def test_pf_ppo_reweight_resamples_by_score():
     assert 2 not in rows
     with pytest.raises(ValueError, match="reweight_method"):
         core_algos.compute_pf_ppo_reweight_data(data, "nope")
+
+
+@pytest.mark.parametrize("beta", [0.0, -0.5])
+def test_dro_non_positive_beta_fails_at_config_time_naming_the_key(beta):
+    from verl.workers.config import PolicyLossConfig
+
+    with pytest.raises(ValueError, match=r"actor\.policy_loss\.dro_beta=.*out of range"):
+        PolicyLossConfig(loss_mode="dro", dro_beta=beta)
+    args = (torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), "token-mean")
+    with pytest.raises(ValueError, match=r"dro_beta=.* must be > 0"):
+        get_policy_loss_fn("dro")(*args, {"policy_loss": {"dro_beta": beta}})

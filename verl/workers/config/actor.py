@@ -57,6 +57,8 @@ class PolicyLossConfig(BaseConfig):
         check_range("actor.policy_loss", "tau_neg", self.tau_neg, low=0.0, low_open=True)
         check_range("actor.policy_loss", "clip_cov_ratio", self.clip_cov_ratio, low=0.0, high=1.0)
         check_range("actor.policy_loss", "kl_cov_ratio", self.kl_cov_ratio, low=0.0, high=1.0)
+        # the weight of DRO's quadratic penalty: zero or negative rewards moving away from the old policy
+        check_range("actor.policy_loss", "dro_beta", self.dro_beta, low=0.0, low_open=True, allow_none=True)
 
 
 @dataclass
