@@ -425,6 +425,8 @@ def _leaves_equal(old: dict, new: dict) -> list[str]:
         got = uk._get(new, target, "<missing>")
         if key == "ray_kwargs.ray_init.address" and got == "<missing>":
             got = None  # an unset ray.init argument: absent and null mean the same
+        if uk.behaviour(target)[0] == "b":
+            continue  # a key without effect here (e.g. rollout.mode) cannot change the job
         if got != value:
             diffs.append(f"{key}: before={value!r} now={got!r}")
     return diffs
