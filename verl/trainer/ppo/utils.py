@@ -200,12 +200,34 @@ def validate_config(config: Any) -> ValidatedConfig:
     check_roles_colocated(cfg)
     import_user_modules(cfg)
     v = _convert_sections(cfg)
-    check_algorithm(v)
-    check_rollout(v)
-    v.derived = derive(v)  # the batch-size rules (one place, shared with the workers)
-    check_trainer(v)
+
+    def derive_plans():
+        v.derived = derive(v)  # the batch-size rules (one place, shared with the workers)
+
+    # the model and data sources first: a rule about the job means little when its model is missing
+    sources = [lambda: check_paths_exist(v), lambda: check_model_dirs(v)]
+    _run_checks(
+        [*sources, lambda: check_algorithm(v), lambda: check_rollout(v), derive_plans, lambda: check_trainer(v)]
+    )
     _remember(config, v)
     return v
+
+
+def _run_checks(checks: list) -> None:
+    """Run every check; the first error is raised as it is, the others are added to it as notes
+    (shown under its traceback), so one run reports every config error it can find."""
+    errors: list[Exception] = []
+    for check in checks:
+        try:
+            check()
+        except (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError, ImportError) as exc:
+            errors.append(exc)
+    if not errors:
+        return
+    first = errors[0]
+    for other in errors[1:]:
+        first.add_note(f"also: {type(other).__name__}: {other}")
+    raise first
 
 
 _LAST_VALIDATED: list[tuple[str, ValidatedConfig]] = []
@@ -389,8 +411,9 @@ def check_rollout(v: ValidatedConfig) -> None:
 
 
 def check_trainer(v: ValidatedConfig) -> None:
-    """Trainer values, paths, callbacks, the rollout engine, checkpoint contents, reward functions
-    and model directories."""
+    """Trainer values, callbacks, the rollout engine, checkpoint contents, reward functions and the
+    run's inputs (the model and data paths are `check_paths_exist` / `check_model_dirs`, run first
+    by `validate_config`)."""
     from verl.utils.tracking import check_backends_available
 
     algo, actor, tr = v.algorithm, v.actor, v.trainer
@@ -401,7 +424,6 @@ def check_trainer(v: ValidatedConfig) -> None:
             f"trainer.critic_warmup={tr.critic_warmup} needs a critic (algorithm.adv_estimator=gae "
             "or critic.enable=True)"
         )
-    check_paths_exist(v)
     check_callbacks(tr.callbacks)
     check_rollout_engine(v.rollout)
     check_checkpoint_contents("actor_rollout_ref.actor", actor.checkpoint)
@@ -409,7 +431,6 @@ def check_trainer(v: ValidatedConfig) -> None:
         check_checkpoint_contents("critic", v.critic.checkpoint)
     check_gae_lambda(algo)
     check_reward_functions(v)
-    check_model_dirs(v)
     check_run_inputs(v)
 
 
@@ -467,8 +488,11 @@ def check_paths_exist(v: ValidatedConfig) -> None:
                 item = item[len("file://") :]
             elif "://" in item:
                 continue  # another scheme: left to the loader that reads it
-            if _is_local_path(item) and not os.path.exists(os.path.expanduser(item)):
+            local = os.path.expanduser(item)
+            if _is_local_path(item) and not os.path.exists(local):
                 raise FileNotFoundError(f"{key}={item!r}: no such file or directory (resolved from {os.getcwd()!r})")
+            if key.startswith("data.") and os.path.isfile(local) and os.path.getsize(local) == 0:
+                raise ValueError(f"{key}={item!r}: the file is empty (0 bytes); expected parquet or JSON lines rows")
 
 
 # ==============================================================================================
