@@ -27,9 +27,9 @@ UPSTREAM_KEYS = [
 @pytest.fixture(autouse=True)
 def _hub_ids_resolve(monkeypatch):
     """`real()` names a hub id: treat the hub as reachable (validate_config refuses ids it cannot fetch)."""
-    import verl.trainer.ppo.utils as ppo_utils
+    import verl.trainer.ppo.source_checks as source_checks
 
-    monkeypatch.setattr(ppo_utils, "_offline_reason", lambda repo_id: None)
+    monkeypatch.setattr(source_checks, "_offline_reason", lambda repo_id: None)
 
 
 def yaml_tree() -> dict:

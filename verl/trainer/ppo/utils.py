@@ -29,6 +29,7 @@ from verl.trainer.config import (
 )
 from verl.trainer.config.derived import DerivedConfig, derive
 from verl.trainer.config.sections import SECTION_DATACLASSES  # noqa: F401 - re-exported (key listings)
+from verl.trainer.ppo.source_checks import _is_local_path, check_model_dirs, check_paths_exist
 from verl.utils.config import ConfigTypeError, omega_conf_to_dataclass
 from verl.utils.py_functional import config_get
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
@@ -449,52 +450,6 @@ def check_callbacks(specs: list[str]) -> None:
             )
 
 
-def _is_local_path(path: str) -> bool:
-    """A path the user means as local (absolute, ~ or relative with ./ ../), not a hub id `org/name`."""
-    return path.startswith(("/", "~", "./", "../")) or os.path.splitext(path)[1] in (
-        ".parquet",
-        ".jsonl",
-        ".json",
-        ".py",
-    )
-
-
-def check_paths_exist(v: ValidatedConfig) -> None:
-    """Fail before Ray starts when a local model directory, data file or reward file is missing."""
-    checks: list[tuple[str, Any]] = [
-        ("data.train_files", v.data.train_files),
-        ("data.val_files", v.data.val_files),
-        ("actor_rollout_ref.model.path", v.model.path),
-        ("actor_rollout_ref.model.tokenizer_path", v.model.tokenizer_path),
-        ("custom_reward_function.path", v.custom_reward_function.path),
-    ]
-    if v.use_critic:
-        checks.append(("critic.model.path", v.critic.model.path))
-    if v.use_rm:
-        checks.append(("reward_model.model.path", v.reward_model.model.path))
-    from verl.utils.fs import is_non_local
-
-    for key, value in checks:
-        values = value if isinstance(value, (list, tuple)) else [value]
-        for item in values:
-            if item is None:  # null = the embedded default
-                continue
-            item = str(item)
-            if is_non_local(item):
-                raise NotImplementedError(
-                    f"{key}={item!r}: remote storage is not supported; copy it to a local path first"
-                )
-            if item.startswith("file://"):
-                item = item[len("file://") :]
-            elif "://" in item:
-                continue  # another scheme: left to the loader that reads it
-            local = os.path.expanduser(item)
-            if _is_local_path(item) and not os.path.exists(local):
-                raise FileNotFoundError(f"{key}={item!r}: no such file or directory (resolved from {os.getcwd()!r})")
-            if key.startswith("data.") and os.path.isfile(local) and os.path.getsize(local) == 0:
-                raise ValueError(f"{key}={item!r}: the file is empty (0 bytes); expected parquet or JSON lines rows")
-
-
 # ==============================================================================================
 # Checks of what the run will read, before Ray starts: engines, user functions, appended keys,
 # model directories, the checkpoint to resume. Each names the key, the value and what is accepted.
@@ -720,65 +675,6 @@ def check_gae_lambda(algo: AlgoConfig) -> None:
             raise TypeError(
                 f"algorithm.lam={algo.lam!r} is not callable; expected a number in [0, 1] or a lambda function"
             )
-
-
-def _offline_reason(repo_id: str) -> str | None:
-    """Why the Hugging Face Hub id `repo_id` cannot be fetched now (None: cached or reachable)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(repo_id, "config.json")
-        if isinstance(cached, str):
-            return None
-    except Exception:  # noqa: BLE001, S110 - an invalid id or an old hub library: fall through to the reachability test
-        pass
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").lower() in ("1", "true", "yes", "on"):
-            return f"{var} is set and it is not in the local Hugging Face cache"
-    if any(os.environ.get(v) for v in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")):
-        return None  # a proxy may reach the hub where a direct connection cannot
-    import socket
-    from urllib.parse import urlparse
-
-    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
-    try:
-        socket.create_connection((host, 443), timeout=3).close()
-    except OSError as exc:
-        return f"{host} cannot be reached ({exc}) and it is not in the local Hugging Face cache"
-    return None
-
-
-def check_model_dirs(v: ValidatedConfig) -> None:
-    """Every model path the run loads is a local Hugging Face model directory (config.json inside),
-    or a hub id that can be fetched now."""
-    from verl.utils.fs import is_non_local
-
-    checks = [("actor_rollout_ref.model.path", v.model.path)]
-    if v.use_critic:
-        checks.append(("critic.model.path", v.critic.model.path))
-    if v.use_rm:
-        checks.append(("reward_model.model.path", v.reward_model.model.path))
-    for key, path in checks:
-        if path is None or is_non_local(str(path)):
-            continue  # null: the embedded default; remote storage: check_paths_exist refuses it
-        local = os.path.expanduser(str(path).removeprefix("file://"))
-        if os.path.isdir(local):
-            if not os.path.isfile(os.path.join(local, "config.json")):
-                raise FileNotFoundError(
-                    f"{key}={path!r} is not a local model directory: config.json missing (a Hugging Face model "
-                    "directory holds config.json, the weights and the tokenizer files)"
-                )
-        elif os.path.exists(local):
-            raise ValueError(f"{key}={path!r} is a file; expected a Hugging Face model directory (with config.json)")
-        elif "://" not in str(path) and not _is_local_path(str(path)):
-            reason = _offline_reason(str(path))
-            if reason:
-                raise FileNotFoundError(
-                    f"{key}={path!r} is not a local model directory and, read as a Hugging Face Hub id, cannot be "
-                    f"fetched offline: {reason}. Download it first (e.g. huggingface-cli download "
-                    f"{path} --local-dir DIR) "
-                    "and set the key to that directory"
-                )
 
 
 def check_run_inputs(v: ValidatedConfig) -> None:
