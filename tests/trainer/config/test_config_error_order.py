@@ -42,3 +42,14 @@ def test_one_error_is_raised_as_it_is():
     with pytest.raises(ValueError, match=r"rollout\.n=1") as info:
         validate_config(load_default_config(GROUP_RULE))
     assert not _notes(info.value)
+
+
+def test_unknown_ray_init_kwarg_is_named_at_validation_also_without_ray():
+    cfg = load_default_config(["+ray_kwargs.ray_init.num_cpu=2", "trainer.worker_backend=local"])
+    with pytest.raises(
+        ValueError, match=r"ray_kwargs\.ray_init\.num_cpu: ray\.init has no argument 'num_cpu'.*num_cpus"
+    ):
+        validate_config(cfg)
+    # ray.init's own arguments, public and private, pass
+    ok = ["+ray_kwargs.ray_init.num_gpus=0", "+ray_kwargs.ray_init._temp_dir=/tmp/x", "+ray_kwargs.ray_init._memory=1"]
+    validate_config(load_default_config(ok))
