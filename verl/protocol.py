@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from verl.dataproto.base import DataProtoBase
+
 # Re-exported: upstream's public names of `verl.protocol` that live beside DataProto (the same
 # objects, so `isinstance(x, DataProtoFuture)` holds whichever module a caller imports them from).
 from verl.dataproto.batch_ops import (
@@ -132,7 +134,7 @@ class DataProtoItem:
 
 
 @dataclass(repr=False, eq=False)
-class DataProto:
+class DataProto(DataProtoBase):
     """A batch of ``len(self)`` rows: tensors in ``batch``, per-row objects in ``non_tensor_batch``,
     batch-wide values in ``meta_info`` (see the module docstring).
 
