@@ -226,3 +226,15 @@ def test_the_cycle_finder_sees_a_planted_cycle():
     assert import_cycles(edges) == [frozenset({"a", "b", "c"})]
     # the data layer has none any more: DataProto's companions recognise it by DataProtoBase
     assert not [c for c in import_cycles(import_edges()) if "verl.protocol" in c]
+
+
+def test_workers_do_not_import_the_trainer_package():
+    """The worker and engine modules use the algorithms (core_algos, under verl/trainer/ppo) but
+    nothing else of verl/trainer, its config layer included: what both need lives below the workers
+    (e.g. `verl/workers/config/batch_plan.py`)."""
+    bad = sorted(
+        (a, b)
+        for (a, b), (la, lb) in import_edges().items()
+        if la in ("workers", "engines") and b.startswith("verl.trainer") and lb != "algorithms"
+    )
+    assert not bad, f"worker/engine modules importing the trainer package: {bad}"
