@@ -438,7 +438,7 @@ def check_trainer(v: ValidatedConfig) -> None:
 def check_callbacks(specs: list[str]) -> None:
     """Every `trainer.callbacks` entry names a `TrainerCallback` subclass (loaded here, before Ray
     starts, so a typo fails at once)."""
-    from verl.trainer.ppo.ray_trainer import TrainerCallback
+    from verl.trainer.ppo.callbacks import TrainerCallback
     from verl.workers.reward_manager.registry import load_object
 
     for spec in specs:
