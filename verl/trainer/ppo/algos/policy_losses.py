@@ -13,8 +13,8 @@ import torch
 
 import verl.utils.torch_functional as verl_F
 from verl.trainer.ppo.algos.aggregation import agg_loss, batch_info_of
+from verl.trainer.ppo.algos.registry import _to_float, register_policy_loss
 from verl.trainer.ppo.algos.rollout_rejection import compute_rollout_correction_tensors
-from verl.trainer.ppo.core_algos import _to_float, register_policy_loss
 from verl.utils.py_functional import config_get
 
 
