@@ -218,7 +218,7 @@ def test_missing_local_files_are_named_before_anything_starts(tmp_path, monkeypa
     ):
         validate_config(cfg("algorithm.adv_estimator=grpo", f"actor_rollout_ref.model.path={empty}", *REAL_RUN))
     existing = tmp_path / "train.parquet"
-    existing.write_bytes(b"")
+    existing.write_bytes(b"PAR1")  # exists and is not empty (validation does not parse it; 0 bytes fails)
     validate_config(cfg("algorithm.adv_estimator=grpo", f"data.train_files=[{existing}]"))
 
 
