@@ -44,6 +44,7 @@ def test_one_error_is_raised_as_it_is():
     assert not _notes(info.value)
 
 
+@pytest.mark.slow  # imports ray for the argument list (~2-3 s)
 def test_unknown_ray_init_kwarg_is_named_at_validation_also_without_ray():
     cfg = load_default_config(["+ray_kwargs.ray_init.num_cpu=2", "trainer.worker_backend=local"])
     with pytest.raises(
