@@ -37,6 +37,17 @@ def test_item_access_covers_set_attributes_and_rejects_non_string_keys():
         cfg[123]
 
 
+def test_a_missing_key_is_both_a_key_error_and_an_attribute_error():
+    """Upstream's BaseConfig raises AttributeError for cfg["missing"]; Mapping code expects
+    KeyError (`in`, `get`): one exception that is both."""
+    cfg = ActorConfig()
+    with pytest.raises(AttributeError, match="ActorConfig has no key 'no_such_key'"):
+        cfg["no_such_key"]
+    with pytest.raises(KeyError):
+        cfg["no_such_key"]
+    assert "no_such_key" not in cfg and cfg.get("no_such_key", 3) == 3
+
+
 def test_a_property_that_raises_attribute_error_is_not_turned_into_key_error():
     @dataclasses.dataclass
     class WithProperty(BaseConfig):
@@ -242,16 +253,16 @@ def test_bad_values_name_key_value_and_choices(build, message):
         build()
 
 
-def test_global_batch_info_property_follows_the_active_context():
-    cfg = ActorConfig()
-    assert cfg.global_batch_info == {}
+def test_global_batch_info_is_a_plain_dict_field_of_each_config():
+    cfg, other = ActorConfig(), ActorConfig()
+    assert cfg.global_batch_info == {} and "global_batch_info" in [f.name for f in dataclasses.fields(ActorConfig)]
+    cfg.global_batch_info.update(dp_size=1, batch_num_tokens=12, global_batch_size=4)
+    assert other.global_batch_info == {}
     loss = torch.arange(6.0).view(2, 3)
-    mask = torch.ones(2, 3)
-    with core_algos.global_batch_info(dp_size=1, batch_num_tokens=12, global_batch_size=4):
-        info = cfg.global_batch_info
-        assert info["batch_num_tokens"] == 12
-        # upstream-style call: the share of this micro-batch in a 12-token mini-batch
-        assert core_algos.agg_loss(loss, mask, "token-mean", **info).item() == pytest.approx(15.0 / 12)
+    # upstream-style call: the share of this micro-batch in a 12-token mini-batch
+    assert core_algos.agg_loss(loss, torch.ones(2, 3), "token-mean", **cfg.global_batch_info).item() == pytest.approx(
+        15.0 / 12
+    )
 
 
 def _compare_defaults(node, defaults, path, mismatches):

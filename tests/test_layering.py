@@ -146,3 +146,85 @@ def test_the_checker_sees_a_planted_upward_import(tmp_path):
     edges = {("verl.workers.x", dst) for dst in verl_imports(fake, tmp_path / "verl")}
     assert edges == {("verl.workers.x", "verl.trainer.ppo"), ("verl.workers.x", "verl.trainer")}
     assert all(layer_of(dst) == "trainer" and "trainer" not in MAY_IMPORT["engines"] for _, dst in edges)
+
+
+# groups of modules that import each other today (strongly connected in the import graph), with
+# the reason; a new cycle, or a module joining one of these, fails `test_no_new_import_cycles`
+KNOWN_CYCLES: dict[frozenset[str], str] = {
+    frozenset(
+        {
+            "verl.experimental.agent_loop",
+            "verl.experimental.agent_loop.agent_loop",
+            "verl.experimental.agent_loop.single_turn_agent_loop",
+            "verl.experimental.agent_loop.tool_agent_loop",
+        }
+    ): "the package registers its loops on import and the loops import the package's registry",
+}
+
+
+def import_cycles(edges) -> list[frozenset[str]]:
+    """The strongly connected groups of more than one module in the graph of `edges`."""
+    graph: dict[str, set[str]] = {}
+    for src, dst in edges:
+        graph.setdefault(src, set()).add(dst)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.add(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(frozenset(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_no_new_import_cycles():
+    cycles = import_cycles(import_edges())
+    new = [sorted(c) for c in cycles if not any(c <= known for known in KNOWN_CYCLES)]
+    assert not new, f"modules that import each other (a new import cycle): {new}"
+    stale = [sorted(k) for k in KNOWN_CYCLES if not any(c <= k and len(c) > 1 for c in cycles)]
+    assert not stale, f"KNOWN_CYCLES lists cycles that are gone (remove them): {stale}"
+
+
+def test_the_cycle_finder_sees_a_planted_cycle():
+    edges = {("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "d2")}
+    assert import_cycles(edges) == [frozenset({"a", "b", "c"})]
+    # the data layer, the trainer's checkpoint / validation modules and the algorithm registries
+    # have none any more
+    cycles = import_cycles(import_edges())
+    gone = ("verl.protocol", "verl.trainer.ppo.ray_trainer", "verl.trainer.ppo.core_algos")
+    assert not [c for c in cycles if any(m in c for m in gone)]
+
+
+def test_workers_do_not_import_the_trainer_package():
+    """The worker and engine modules use the algorithms (core_algos, under verl/trainer/ppo) but
+    nothing else of verl/trainer, its config layer included: what both need lives below the workers
+    (e.g. `verl/workers/config/batch_plan.py`)."""
+    bad = sorted(
+        (a, b)
+        for (a, b), (la, lb) in import_edges().items()
+        if la in ("workers", "engines") and b.startswith("verl.trainer") and lb != "algorithms"
+    )
+    assert not bad, f"worker/engine modules importing the trainer package: {bad}"

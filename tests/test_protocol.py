@@ -692,7 +692,17 @@ def test_unfold_column_chunks_splits_per_row_sequences():
     assert ret.batch["obs1"].tolist() == [[1, 2], [3, 4], [5, 6], [7, 8]]
     assert ret.batch["obs2"].tolist() == [[1], [1], [5], [5]]
     assert ret.non_tensor_batch["labels"].tolist() == [["a1"], ["a2"], ["b1"], ["b2"]]
+    # each new row holds its k items as columns (upstream's layout), so elementwise comparison labels
+    # the rows right
+    assert ret.non_tensor_batch["labels"].shape == (4, 1)
+    assert (ret.non_tensor_batch["labels"] == [["a1"], ["a2"], ["b1"], ["b2"]]).all()
     assert ret.meta_info == {"name": "abc"}
+
+
+def test_unfold_column_chunks_needs_rows_of_one_length():
+    data = DataProto.from_dict(tensors={"x": torch.zeros(2, 2)}, non_tensors={"labels": [["a1", "a2"], ["b1"] * 4]})
+    with pytest.raises(ValueError, match="'labels'.*row 1 has 4 items, row 0 has 2"):
+        data.unfold_column_chunks(2, split_keys=["labels"])
 
 
 # ----------------------------------------------------------------------------- futures without Ray

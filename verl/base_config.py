@@ -3,8 +3,9 @@
 Config groups are plain dataclasses (readable, typed, validated in `__post_init__`). As in
 upstream verl they also behave like read-only mappings and are frozen once built:
 
-- `cfg["name"]` reads a field or any attribute set on the instance (KeyError when there is none;
-  TypeError for a key that is not a string; an AttributeError raised by a property propagates);
+- `cfg["name"]` reads a field or any attribute set on the instance (`ConfigKeyError` when there is
+  none: an AttributeError as upstream raises, and a KeyError as `Mapping` code expects; TypeError
+  for a key that is not a string; an AttributeError raised by a property propagates);
   `cfg.get("name", default)`; `"name" in cfg`; iteration and `len()` cover the fields;
 - a field cannot be reassigned after construction unless the class lists it in `_mutable_fields`
   (`FrozenInstanceError`); new attributes can still be attached. Build a changed copy with
@@ -37,6 +38,14 @@ class _FreezeAfterInit(ABCMeta):
         return obj
 
 
+class ConfigKeyError(KeyError, AttributeError):
+    """`cfg[key]` for a key the config does not have: upstream raises AttributeError there, while
+    `Mapping` methods (`in`, `get`) and dict-minded callers expect KeyError; this is both."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def _defines(obj: Any, key: str) -> bool:
     return key in obj.__dict__ or any(key in klass.__dict__ for klass in type(obj).__mro__)
 
@@ -61,7 +70,7 @@ class BaseConfig(Mapping, metaclass=_FreezeAfterInit):
         except AttributeError as exc:
             if _defines(self, key):  # a property that raised: its error is the useful one
                 raise
-            raise KeyError(key) from exc
+            raise ConfigKeyError(f"{type(self).__name__} has no key {key!r}") from exc
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._field_names())

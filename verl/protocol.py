@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from verl.dataproto.base import DataProtoBase
+
 # Re-exported: upstream's public names of `verl.protocol` that live beside DataProto (the same
 # objects, so `isinstance(x, DataProtoFuture)` holds whichever module a caller imports them from).
 from verl.dataproto.batch_ops import (
@@ -132,7 +134,7 @@ class DataProtoItem:
 
 
 @dataclass(repr=False, eq=False)
-class DataProto:
+class DataProto(DataProtoBase):
     """A batch of ``len(self)`` rows: tensors in ``batch``, per-row objects in ``non_tensor_batch``,
     batch-wide values in ``meta_info`` (see the module docstring).
 
@@ -725,18 +727,7 @@ class DataProto:
 
         def unfold(key, val):
             if key in split_keys and isinstance(val, np.ndarray) and val.ndim == 1 and val.dtype == object:
-                # one Python sequence per row (e.g. a list of labels): cut each into n_split parts
-                out = np.empty(n * n_split, dtype=object)
-                for i, row in enumerate(val):
-                    items = list(row)
-                    if len(items) % n_split != 0:
-                        raise ValueError(
-                            f"row {i} of {key!r} has {len(items)} items, not divisible by n_split={n_split}"
-                        )
-                    k = len(items) // n_split
-                    for j in range(n_split):
-                        out[i * n_split + j] = items[j * k : (j + 1) * k]
-                return out
+                val = _rows_as_columns(key, val)  # one sequence per row: its items become columns
             if key in split_keys:
                 if val.shape[1] % n_split != 0:
                     raise ValueError(f"dim 1 of {key!r} has size {val.shape[1]}, not divisible by n_split={n_split}")
@@ -754,6 +745,23 @@ class DataProto:
             )
         non_tensor = {k: unfold(k, v) for k, v in self.non_tensor_batch.items()}
         return self._derive(batch, non_tensor)
+
+
+def _rows_as_columns(key: str, val: np.ndarray) -> np.ndarray:
+    """A 1-D object array of per-row sequences of one length m -> [n, m] object array (the layout
+    upstream's `from_dict` gives such a list), so `unfold_column_chunks` cuts its dim 1."""
+    lengths = [len(row) for row in val]
+    if any(m != lengths[0] for m in lengths):
+        i = next(i for i, m in enumerate(lengths) if m != lengths[0])
+        raise ValueError(
+            f"unfold_column_chunks: every row of {key!r} must hold the same number of items; "
+            f"row {i} has {lengths[i]} items, row 0 has {lengths[0]}"
+        )
+    out = np.empty((len(val), lengths[0] if lengths else 0), dtype=object)
+    for i, row in enumerate(val):
+        for j, item in enumerate(row):
+            out[i, j] = item  # one by one: an item that is itself a list stays one object
+    return out
 
 
 # ----------------------------------------------------------------------------- collate

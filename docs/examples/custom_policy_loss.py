@@ -17,7 +17,7 @@ The loss is REINFORCE with a stop-gradient importance weight truncated from abov
 import torch
 
 import verl.utils.torch_functional as verl_F
-from verl.trainer.ppo.core_algos import agg_loss, config_get, register_policy_loss
+from verl.trainer.ppo.core_algos import agg_loss, batch_info_of, config_get, register_policy_loss
 
 
 @register_policy_loss("truncated_pg")
@@ -41,11 +41,10 @@ def compute_policy_loss_truncated_pg(
     if rollout_is_weights is not None:
         per_token = per_token * rollout_is_weights
 
-    # agg_loss without global kwargs: inside the actor's `global_batch_info` context the result is
-    # this micro-batch's exact share of the mini-batch loss, so accumulation stays exact
-    pg_loss = agg_loss(
-        per_token, response_mask, loss_agg_mode, loss_scale_factor=config_get(config, "loss_scale_factor")
-    )
+    # the actor's config carries the mini-batch totals of this micro-batch (`global_batch_info`):
+    # passed on, the result is this micro-batch's exact share of the mini-batch loss, so
+    # accumulation stays exact (batch_info_of also accepts a dict config or None)
+    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **batch_info_of(config))
 
     metrics = {
         "actor/pg_clipfrac": verl_F.masked_mean((ratio > truncation).float(), response_mask).item(),

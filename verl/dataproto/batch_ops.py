@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 if TYPE_CHECKING:
-    from verl.protocol import DataProto
+    from verl.dataproto.base import DataProtoBase as DataProto  # annotations: a verl.protocol.DataProto
 
 __all__ = ["all_gather_data_proto", "fold_batch_dim", "pad_dataproto_to_divisor", "unfold_batch_dim", "unpad_dataproto"]
 

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDictBase
 
+from verl.dataproto.base import DataProtoBase
 from verl.utils import tensordict_utils as tu
 
 if TYPE_CHECKING:
-    from verl.protocol import DataProto
+    DataProto = DataProtoBase  # annotations: a verl.protocol.DataProto
 
 __all__ = ["BatchData", "DataProtoFuture", "WorkerCallError", "is_object_ref", "register_object_refs"]
 
@@ -59,12 +60,9 @@ def is_object_ref(obj: Any) -> bool:
     return bool(_ref_types) and isinstance(obj, _ref_types)
 
 
-def _dataproto_cls() -> type[DataProto]:
-    # verl.protocol imports this module to re-export its names, so DataProto is looked up when
-    # first needed instead of at import time (either module may be imported first).
-    from verl.protocol import DataProto
-
-    return DataProto
+def _concat_dataprotos(parts: list) -> DataProto:
+    """`DataProto.concat` of `parts`, through the class they came in (a subclass stays one)."""
+    return type(parts[0]).concat(parts)
 
 
 def _pick_chunk(data: DataProto, index: int, chunks: int) -> DataProto:
@@ -102,7 +100,7 @@ class DataProtoFuture:
     @staticmethod
     def concat(data: list, labels: list | None = None) -> DataProtoFuture:
         """A future of the concatenation of the DataProtos behind the object refs `data`."""
-        return DataProtoFuture(collect_fn=_dataproto_cls().concat, futures=list(data), labels=labels)
+        return DataProtoFuture(collect_fn=_concat_dataprotos, futures=list(data), labels=labels)
 
     def chunk(self, chunks: int) -> list[DataProtoFuture]:
         """`chunks` futures; the i-th resolves to ``self.get().chunk(chunks)[i]``."""
@@ -131,9 +129,8 @@ class DataProtoFuture:
             )
         outputs = resolve(self.futures, self.labels, timeout)
         as_tensordict = bool(outputs) and all(isinstance(o, TensorDictBase) for o in outputs)
-        dataproto = _dataproto_cls()
         for i, out in enumerate(outputs):
-            if not isinstance(out, dataproto) and not as_tensordict:
+            if not isinstance(out, DataProtoBase) and not as_tensordict:
                 who = self.labels[i].text if self.labels else f"result {i}"
                 raise TypeError(
                     f"{who} returned a {type(out).__name__}, but a DataProtoFuture needs DataProto (or "
@@ -160,11 +157,11 @@ class BatchData:
 
     def is_chunkable(self) -> bool:
         """True for a DataProto, DataProtoFuture or TensorDict."""
-        return isinstance(self.data, (_dataproto_cls(), DataProtoFuture, TensorDictBase))
+        return isinstance(self.data, (DataProtoBase, DataProtoFuture, TensorDictBase))
 
     def chunk(self, chunks: int) -> list:
         """`chunks` consecutive parts of the wrapped value (see `DataProto.chunk`)."""
-        if isinstance(self.data, (_dataproto_cls(), DataProtoFuture)):
+        if isinstance(self.data, (DataProtoBase, DataProtoFuture)):
             return self.data.chunk(chunks=chunks)
         if isinstance(self.data, TensorDictBase):
             return tu.chunk_tensordict(self.data, chunks)
@@ -177,7 +174,7 @@ class BatchData:
         items = self.data
         if not isinstance(items, (list, tuple)) or not items:
             return None
-        if all(isinstance(o, _dataproto_cls()) for o in items):
+        if all(isinstance(o, DataProtoBase) for o in items):
             return "dataproto"
         if all(isinstance(o, TensorDictBase) for o in items):
             return "tensordict"
@@ -193,7 +190,7 @@ class BatchData:
         """Concatenate the wrapped list (DataProto.concat / concat_tensordict / DataProtoFuture.concat)."""
         kind = self._kind()
         if kind == "dataproto":
-            return _dataproto_cls().concat(list(self.data))
+            return _concat_dataprotos(list(self.data))
         if kind == "tensordict":
             return tu.concat_tensordict(list(self.data))
         if kind == "refs":

@@ -277,13 +277,31 @@ def install_rotary_pos_emb() -> bool:
     return True
 
 
-def _split_overrides(override_config: dict | None) -> tuple[dict, str]:
+def _split_overrides(override_config: dict | None) -> tuple[dict, str | None]:
+    """(`override_config` without `attn_implementation`, the attention asked for or None)."""
     override = dict(override_config or {})
     attn = override.pop("attn_implementation", None)
-    if attn is None:
-        attn = register_grouped_sdpa()
     install_rotary_pos_emb()
     return override, attn
+
+
+def default_attention(auto_cls, config) -> str:
+    """The attention a model gets when `override_config.attn_implementation` is not set: ours
+    (`GROUPED_SDPA`) where the architecture supports sdpa, else eager (e.g. Gemma 2, which
+    transformers refuses to run with sdpa), logged once per build. A class that cannot be
+    resolved here (remote code) gets ours, and transformers says if it does not support it."""
+    try:
+        model_cls = auto_cls._model_mapping[type(config)]
+    except (AttributeError, KeyError):
+        model_cls = None
+    if model_cls is not None and not getattr(model_cls, "_supports_sdpa", True):
+        logger.info(
+            "%s does not support sdpa attention; using attn_implementation=eager "
+            "(set actor_rollout_ref.model.override_config.attn_implementation to choose another)",
+            model_cls.__name__,
+        )
+        return "eager"
+    return register_grouped_sdpa()
 
 
 def _from_pretrained(
@@ -291,6 +309,8 @@ def _from_pretrained(
 ):
     override, attn = _split_overrides(override_config)
     config = load_model_config(path, override, trust_remote_code)
+    if attn is None:
+        attn = default_attention(auto_cls, config)
     for key, value in extra.items():
         setattr(config, key, value)
     # Weights absent from the checkpoint (a fresh value head) are drawn from the CPU torch RNG;

@@ -82,7 +82,15 @@ def index_array(idxs: Any, n: int) -> np.ndarray:
 
 
 def values_equal(a: Any, b: Any) -> bool:
-    """Equality that works for tensors, arrays, nested containers and NaN (NaN == NaN here)."""
+    """Equality that works for tensors, arrays, nested containers and NaN (NaN == NaN here).
+
+    Self-referencing values (an object array or list that contains itself) compare by structure:
+    a pair of containers already being compared further up counts as equal there, so two cycles of
+    the same shape are equal, and a cycle is never equal to an acyclic value."""
+    return _values_equal(a, b, set())
+
+
+def _values_equal(a: Any, b: Any, active: set[tuple[int, int]]) -> bool:
     if a is b:
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
@@ -96,19 +104,34 @@ def values_equal(a: Any, b: Any) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape:
             return False
-        if a.dtype == object or b.dtype == object:
-            return all(values_equal(x, y) for x, y in zip(a.ravel(), b.ravel(), strict=False))
-        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
+        if a.dtype != object and b.dtype != object:
+            return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
+        return _children_equal(a, b, zip(a.ravel(), b.ravel(), strict=True), active)
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and _children_equal(a, b, ((a[k], b[k]) for k in a), active)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b, strict=False))
+        if type(a) is not type(b) or len(a) != len(b):
+            return False
+        return _children_equal(a, b, zip(a, b, strict=True), active)
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     try:
         return bool(a == b)
     except Exception:
         return False
+
+
+def _children_equal(a: Any, b: Any, pairs, active: set[tuple[int, int]]) -> bool:
+    """The element pairs of containers `a` and `b` are all equal; (a, b) is on the comparison
+    stack meanwhile, and meeting it again below is taken as equal (the cycle repeats)."""
+    key = (id(a), id(b))
+    if key in active:
+        return True
+    active.add(key)
+    try:
+        return all(_values_equal(x, y, active) for x, y in pairs)
+    finally:
+        active.discard(key)
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

@@ -9,7 +9,7 @@ chunk of the driver's batch; the group concatenates the results in rank order. `
 Engine: FSDP2 over the group's default process group (gloo on CPU, nccl on CUDA) with one
 process; a single process runs the plain module (see `verl.utils.fsdp_utils`).
 
-Batch sizes (upstream semantics; the plan of `verl/trainer/config/derived.py`, handed over by the
+Batch sizes (upstream semantics; the plan of `verl/workers/config/batch_plan.py`, handed over by the
 trainer as `settings`, or derived in `__init__` for a worker built by hand, numbers named):
 - `actor.ppo_mini_batch_size` counts prompts: inside the worker it becomes
   `ppo_mini_batch_size * rollout.n / world_size` sequences per rank (must divide exactly);
@@ -47,7 +47,6 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
-from verl.trainer.config.derived import WorkerSettings, default_loss_scale_factor, role_batch_plan
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import (
@@ -76,6 +75,7 @@ from verl.utils.model import (
 from verl.utils.tokenizer import hf_processor, hf_tokenizer
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
 from verl.workers.config.megatron import refuse_megatron
+from verl.workers.config.batch_plan import WorkerSettings, default_loss_scale_factor, role_batch_plan
 from verl.workers.engine.dp_engine import step_lr_scheduler
 from verl.workers.engine.fsdp_model import build_fsdp_model
 from verl.workers.separate_rollout import WeightSyncMixin

@@ -193,10 +193,10 @@ def test_missing_local_files_are_named_before_anything_starts(tmp_path, monkeypa
     with pytest.raises(FileNotFoundError, match=r"custom_reward_function\.path='missing_reward\.py'"):
         validate_config(cfg("algorithm.adv_estimator=grpo", "custom_reward_function.path=missing_reward.py"))
     # a hub id is not a local path: it is left to the loader when it can be fetched (cached or hub reachable)
-    import verl.trainer.ppo.utils as ppo_utils
+    import verl.trainer.ppo.source_checks as source_checks
 
     with monkeypatch.context() as m:
-        m.setattr(ppo_utils, "_offline_reason", lambda repo_id: None)
+        m.setattr(source_checks, "_offline_reason", lambda repo_id: None)
         validate_config(
             cfg("algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", *REAL_RUN)
         )
@@ -219,7 +219,7 @@ def test_missing_local_files_are_named_before_anything_starts(tmp_path, monkeypa
     ):
         validate_config(cfg("algorithm.adv_estimator=grpo", f"actor_rollout_ref.model.path={empty}", *REAL_RUN))
     existing = tmp_path / "train.parquet"
-    existing.write_bytes(b"")
+    existing.write_bytes(b"PAR1")  # exists and is not empty (validation does not parse it; 0 bytes fails)
     validate_config(cfg("algorithm.adv_estimator=grpo", f"data.train_files=[{existing}]"))
 
 

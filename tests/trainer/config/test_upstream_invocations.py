@@ -380,8 +380,8 @@ def paths(tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text("{}")  # a local model directory (validate_config checks for it)
     train, val = tmp_path / "train.parquet", tmp_path / "test.parquet"
-    train.write_bytes(b"")
-    val.write_bytes(b"")
+    train.write_bytes(b"PAR1")  # present and not empty: validation checks no more (a 0-byte file fails)
+    val.write_bytes(b"PAR1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the scripts' GPU machine
     monkeypatch.setattr(tracking, "check_backends_available", lambda backends: None)
     return {"$MODEL": str(model), "$TRAIN": str(train), "$VAL": str(val)}

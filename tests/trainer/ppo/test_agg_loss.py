@@ -12,10 +12,9 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import (
     LOSS_AGG_MODES,
     agg_loss,
+    batch_info_of,
     compute_batch_loss_stats,
     compute_group_num_tokens,
-    get_global_batch_info,
-    global_batch_info,
     make_global_batch_info,
     merge_batch_loss_stats,
 )
@@ -61,9 +60,10 @@ def test_seq_mean_token_sum_value_and_default_scale_factor():
     assert agg_loss(loss_mat, mask, "seq-mean-token-sum").item() == pytest.approx((3 + 15) / 2)
     # without a factor the padded width is the divisor (documented fallback)
     assert agg_loss(loss_mat, mask, "seq-mean-token-sum-norm").item() == pytest.approx(18 / 2 / 3)
-    # the factor can come from the context
-    with global_batch_info(loss_scale_factor=9):
-        assert agg_loss(loss_mat, mask, "seq-mean-token-sum-norm").item() == pytest.approx(18 / 2 / 9)
+    # the factor can come from a config: its batch info, else its loss_scale_factor
+    for cfg in ({"global_batch_info": {"loss_scale_factor": 9}}, {"loss_scale_factor": 9}):
+        kwargs = batch_info_of(cfg)
+        assert agg_loss(loss_mat, mask, "seq-mean-token-sum-norm", **kwargs).item() == pytest.approx(18 / 2 / 9)
 
 
 def test_prompt_mean_value():
@@ -97,8 +97,7 @@ def test_token_sum_value_grad_and_dp_scaling():
     loss.backward()
     assert torch.equal(loss_mat.grad, mask.float())
     assert agg_loss(loss_mat, mask, "token-sum", dp_size=4).item() == pytest.approx(18 * 4)
-    with global_batch_info(dp_size=2, batch_num_tokens=100):
-        assert agg_loss(loss_mat, mask, "token-sum").item() == pytest.approx(36)
+    assert agg_loss(loss_mat, mask, "token-sum", dp_size=2, batch_num_tokens=100).item() == pytest.approx(36)
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
@@ -126,19 +125,16 @@ def test_dp_size_without_globals_raises():
         agg_loss(torch.ones(1, 2), torch.ones(1, 2), "seq-mean-token-mean", dp_size=2)
 
 
-def test_context_nesting_and_reset():
-    assert get_global_batch_info() == {}
-    with global_batch_info(dp_size=2, batch_num_tokens=10):
-        with global_batch_info(batch_num_tokens=4, global_batch_size=3):
-            assert get_global_batch_info() == {"dp_size": 2, "batch_num_tokens": 4, "global_batch_size": 3}
-        assert get_global_batch_info() == {"dp_size": 2, "batch_num_tokens": 10}
-        # explicit kwargs win over the context entirely
-        assert agg_loss(torch.ones(1, 2), torch.ones(1, 2), "token-mean", batch_num_tokens=2).item() == 1.0
-        assert agg_loss(torch.ones(1, 2), torch.ones(1, 2), "token-mean").item() == pytest.approx(2 / 10 * 2)
-    assert get_global_batch_info() == {}
+def test_batch_info_of_a_config():
+    # None values are dropped, a config's loss_scale_factor fills a missing factor, the info's wins
+    cfg = {"global_batch_info": {"dp_size": 2, "batch_num_tokens": 10, "global_batch_size": None}}
+    assert batch_info_of(cfg) == {"dp_size": 2, "batch_num_tokens": 10}
+    assert agg_loss(torch.ones(1, 2), torch.ones(1, 2), "token-mean", **batch_info_of(cfg)).item() == pytest.approx(0.4)
+    cfg = {"global_batch_info": {"loss_scale_factor": 4}, "loss_scale_factor": 9}
+    assert batch_info_of(cfg) == {"loss_scale_factor": 4}
+    assert batch_info_of(None) == {} and batch_info_of({}) == {}
     with pytest.raises(ValueError, match="unknown key"):
-        with global_batch_info(num_tokens=3):
-            pass
+        batch_info_of({"global_batch_info": {"num_tokens": 3}})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +163,7 @@ def _full_value_and_grad(param, mask, index, mode, scale):
     return loss.detach(), grad
 
 
-def _accumulated_value_and_grad(param, mask, index, mode, scale, dp_size, n_micro, use_context):
+def _accumulated_value_and_grad(param, mask, index, mode, scale, dp_size, n_micro, through_config):
     """Emulate `dp_size` ranks x `n_micro` micro-batches; FSDP averages rank gradients."""
     batch = mask.shape[0]
     rank_rows = np.array_split(np.arange(batch), dp_size)
@@ -182,9 +178,8 @@ def _accumulated_value_and_grad(param, mask, index, mode, scale, dp_size, n_micr
                 continue
             info = make_global_batch_info(stats, index=index[mb], dp_size=dp_size, loss_scale_factor=scale)
             loss_mat = param[mb] * 1.0
-            if use_context:
-                with global_batch_info(**info):
-                    loss = agg_loss(loss_mat, mask[mb], mode)
+            if through_config:
+                loss = agg_loss(loss_mat, mask[mb], mode, **batch_info_of({"global_batch_info": info}))
             else:
                 loss = agg_loss(loss_mat, mask[mb], mode, **info)
             (g,) = torch.autograd.grad(loss, param)
@@ -196,13 +191,13 @@ def _accumulated_value_and_grad(param, mask, index, mode, scale, dp_size, n_micr
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("dp_size,n_micro", [(1, 3), (2, 2), (3, 1), (4, 3)])
-@pytest.mark.parametrize("use_context", [True, False])
-def test_micro_batch_accumulation_is_exact(mode, dp_size, n_micro, use_context):
+@pytest.mark.parametrize("through_config", [True, False])
+def test_micro_batch_accumulation_is_exact(mode, dp_size, n_micro, through_config):
     gen = torch.Generator().manual_seed(1234 + dp_size * 10 + n_micro)
     loss_mat, mask, index = _random_batch(gen, batch=13, length=6, n_groups=4)
     param = loss_mat.clone().requires_grad_(True)
     full_loss, full_grad = _full_value_and_grad(param, mask, index, mode, scale=8.0)
-    acc_loss, acc_grad = _accumulated_value_and_grad(param, mask, index, mode, 8.0, dp_size, n_micro, use_context)
+    acc_loss, acc_grad = _accumulated_value_and_grad(param, mask, index, mode, 8.0, dp_size, n_micro, through_config)
     torch.testing.assert_close(acc_loss, full_loss, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(acc_grad, full_grad, atol=1e-6, rtol=1e-6)
 
@@ -228,8 +223,8 @@ def test_micro_batch_exactness_property(seed, batch, length, n_groups, dp_size, 
     torch.testing.assert_close(acc_grad, full_grad, atol=1e-6, rtol=1e-6)
 
 
-def test_policy_loss_inside_context_is_micro_batch_exact():
-    """A registered loss (which calls agg_loss without global kwargs) is exact through the context."""
+def test_policy_loss_given_the_batch_info_is_micro_batch_exact():
+    """A registered loss passes its config's `global_batch_info` to agg_loss: exact per micro-batch."""
     gen = torch.Generator().manual_seed(7)
     batch, length = 8, 5
     _, mask, index = _random_batch(gen, batch, length, 3, empty_rows=False)
@@ -245,8 +240,8 @@ def test_policy_loss_inside_context_is_micro_batch_exact():
         acc = torch.zeros(())
         g_acc = torch.zeros_like(logp)
         for mb in np.array_split(np.arange(batch), 3):
-            with global_batch_info(**make_global_batch_info(stats, index=index[mb])):
-                part, _ = fn(old[mb], logp[mb], adv[mb], mask[mb], "seq-mean-token-mean", cfg)
+            mb_cfg = {**cfg, "global_batch_info": make_global_batch_info(stats, index=index[mb])}
+            part, _ = fn(old[mb], logp[mb], adv[mb], mask[mb], "seq-mean-token-mean", mb_cfg)
             (g,) = torch.autograd.grad(part, logp)
             acc += part.detach()
             g_acc += g

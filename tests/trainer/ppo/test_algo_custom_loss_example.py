@@ -62,8 +62,8 @@ def test_example_loss_is_micro_batch_exact(example_module):
     stats = core_algos.compute_batch_loss_stats(mask)
     parts = torch.zeros(())
     for rows in np.array_split(np.arange(6), 4):
-        with core_algos.global_batch_info(**core_algos.make_global_batch_info(stats)):
-            part, _ = fn(old[rows], logp[rows], adv[rows], mask[rows], "seq-mean-token-mean", {})
+        cfg = {"global_batch_info": core_algos.make_global_batch_info(stats)}
+        part, _ = fn(old[rows], logp[rows], adv[rows], mask[rows], "seq-mean-token-mean", cfg)
         parts = parts + part
     torch.testing.assert_close(parts, full, atol=1e-6, rtol=1e-6)
 

@@ -14,7 +14,6 @@ from verl.trainer.ppo.core_algos import (
     POLICY_LOSS_REGISTRY,
     compute_batch_loss_stats,
     get_policy_loss_fn,
-    global_batch_info,
     kl_penalty,
     make_global_batch_info,
     register_adv_est,
@@ -350,8 +349,7 @@ def test_every_loss_is_finite_with_empty_rows(name, mode):
     fn = get_policy_loss_fn(name)
     index = np.array(["a", "a", "b", "b"], dtype=object)
     info = make_global_batch_info(compute_batch_loss_stats(mask, index), index=index) if mode == "prompt-mean" else {}
-    with global_batch_info(**info):
-        loss, metrics = fn(old, logp, adv, mask, mode, dict(CFG))
+    loss, metrics = fn(old, logp, adv, mask, mode, {**CFG, "global_batch_info": info})
     assert torch.isfinite(loss), (name, mode)
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(grad).all(), (name, mode)

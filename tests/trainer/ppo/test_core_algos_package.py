@@ -38,22 +38,20 @@ def test_every_exported_name_is_the_submodule_object():
             assert getattr(core_algos, name) is owners[name], name
     # constants and the registries' values too
     assert core_algos.LOSS_AGG_MODES is aggregation.LOSS_AGG_MODES
-    assert core_algos._BASE_GLOBAL_BATCH_INFO is aggregation._BASE_GLOBAL_BATCH_INFO
+    assert core_algos.batch_info_of is aggregation.batch_info_of
     assert core_algos.POLICY_LOSS_REGISTRY["vanilla"] is policy_losses.compute_policy_loss_vanilla
 
 
-def test_one_batch_info_context_for_both_names():
+def test_both_names_aggregate_the_same_with_a_configs_batch_info():
     mat, mask = torch.tensor([[1.0, 3.0], [2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     # token-mean over 3 tokens is 2; with a global count of 6 tokens the micro-batch share is 1
     assert core_algos.agg_loss(mat, mask, "token-mean").item() == 2.0
-    with core_algos.global_batch_info(batch_num_tokens=6):
-        assert aggregation.get_global_batch_info() == {"batch_num_tokens": 6}
-        assert aggregation.agg_loss(mat, mask, "token-mean").item() == 1.0
-        loss, _ = core_algos.compute_policy_loss_vanilla(
-            torch.zeros(2, 2), torch.zeros(2, 2), -mat, mask, "token-mean", {"clip_ratio": 0.2}
-        )
-        assert loss.item() == 1.0  # ratio 1: the loss is -advantage, aggregated with the context
-    assert core_algos.get_global_batch_info() == {}
+    cfg = {"clip_ratio": 0.2, "global_batch_info": {"batch_num_tokens": 6}}
+    assert aggregation.agg_loss(mat, mask, "token-mean", **core_algos.batch_info_of(cfg)).item() == 1.0
+    loss, _ = core_algos.compute_policy_loss_vanilla(
+        torch.zeros(2, 2), torch.zeros(2, 2), -mat, mask, "token-mean", cfg
+    )
+    assert loss.item() == 1.0  # ratio 1: the loss is -advantage, aggregated with the config's info
 
 
 def test_importing_a_submodule_first_registers_every_builtin():

@@ -260,17 +260,7 @@ def test_value_loss_shares_summed_as_metric_give_the_mini_batch_loss():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def clean_batch_info():
-    base = core_algos._BASE_GLOBAL_BATCH_INFO
-    saved = dict(base)
-    base.clear()
-    yield
-    base.clear()
-    base.update(saved)
-
-
-def test_writes_into_config_global_batch_info_take_effect(clean_batch_info):
+def test_writes_into_config_global_batch_info_take_effect():
     cfg = ActorConfig()
     loss_fn = get_policy_loss_fn("vanilla")
     # ratio 1, A = 1 on 2 valid tokens: per-token loss -1; locally token-mean = -1
@@ -279,23 +269,15 @@ def test_writes_into_config_global_batch_info_take_effect(clean_batch_info):
     # upstream's actor writes the global denominators before calling the loss
     cfg.global_batch_info["dp_size"] = 2
     cfg.global_batch_info["batch_num_tokens"] = 8
-    assert dict(cfg.global_batch_info) == {"dp_size": 2, "batch_num_tokens": 8}
     # -2 / 8 * 2 = -0.5
     assert loss_fn(*args)[0].item() == pytest.approx(-0.5)
     # upstream-style losses spread it into agg_loss explicitly: same value
     assert core_algos.agg_loss(
         -torch.ones(1, 2), torch.ones(1, 2), "token-mean", **cfg.global_batch_info
     ).item() == pytest.approx(-0.5)
-    # the actor's context overrides per micro-batch and restores on exit
-    with core_algos.global_batch_info(batch_num_tokens=4):
-        assert loss_fn(*args)[0].item() == pytest.approx(-1.0)  # -2 / 4 * 2
-        cfg.global_batch_info["batch_num_tokens"] = 2  # a write inside the context lasts for the context
-        assert loss_fn(*args)[0].item() == pytest.approx(-2.0)
-    assert cfg.global_batch_info["batch_num_tokens"] == 8
-    with pytest.raises(KeyError, match="accepted"):
-        cfg.global_batch_info["batch_tokens"] = 1
-    cfg.global_batch_info["dp_size"] = None  # None removes a key
-    assert "dp_size" not in cfg.global_batch_info
+    cfg.global_batch_info["batch_tokens"] = 1
+    with pytest.raises(ValueError, match="accepted"):
+        loss_fn(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,3 +405,14 @@ def test_pf_ppo_reweight_resamples_by_score():
     assert 2 not in rows
     with pytest.raises(ValueError, match="reweight_method"):
         core_algos.compute_pf_ppo_reweight_data(data, "nope")
+
+
+@pytest.mark.parametrize("beta", [0.0, -0.5])
+def test_dro_non_positive_beta_fails_at_config_time_naming_the_key(beta):
+    from verl.workers.config import PolicyLossConfig
+
+    with pytest.raises(ValueError, match=r"actor\.policy_loss\.dro_beta=.*out of range"):
+        PolicyLossConfig(loss_mode="dro", dro_beta=beta)
+    args = (torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), "token-mean")
+    with pytest.raises(ValueError, match=r"dro_beta=.* must be > 0"):
+        get_policy_loss_fn("dro")(*args, {"policy_loss": {"dro_beta": beta}})

@@ -114,14 +114,10 @@ def _reference_step(model, batch, uid, mode, lr=1.0, entropy_coeff=0.0, kl_coef=
     group_tokens = core_algos.compute_group_num_tokens(mask, uid) if mode == "prompt-mean" else None
     cfg = ActorConfig(loss_scale_factor=6.0, loss_agg_mode=mode)
     if mode == "prompt-mean":  # the full batch: D_g of each row, number of groups from the rows
-        with core_algos.global_batch_info(group_num_tokens=group_tokens):
-            pg_loss, _ = core_algos.compute_policy_loss_vanilla(
-                batch["old_log_probs"], lp, batch["advantages"], mask, mode, cfg
-            )
-    else:
-        pg_loss, _ = core_algos.compute_policy_loss_vanilla(
-            batch["old_log_probs"], lp, batch["advantages"], mask, mode, cfg
-        )
+        cfg.global_batch_info["group_num_tokens"] = group_tokens
+    pg_loss, _ = core_algos.compute_policy_loss_vanilla(
+        batch["old_log_probs"], lp, batch["advantages"], mask, mode, cfg
+    )
     loss = pg_loss
     if entropy_coeff:
         ent = torch.distributions.Categorical(logits=resp_logits).entropy()

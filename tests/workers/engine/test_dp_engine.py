@@ -49,8 +49,8 @@ def test_loss_denominators_are_taken_after_the_mini_batch_hook():
     def forward(micro):
         return {"out": module.weight[0, 0] * micro["x"]}, (0, 0)
 
-    def loss_fn(model_output, micro):
-        loss = core_algos.agg_loss(model_output["out"], micro["response_mask"], "token-mean")
+    def loss_fn(model_output, micro, batch_info):
+        loss = core_algos.agg_loss(model_output["out"], micro["response_mask"], "token-mean", **batch_info)
         return loss, {"loss": float(loss.detach())}
 
     def reject_last_row(mb, _meter):

@@ -1,6 +1,6 @@
 """The loss functions of `verl.workers.utils.losses` on hand-worked micro-batches: what they return
-(loss, `LossShare` metrics, token-weighted metrics) and that they read the ambient mini-batch
-denominators (`core_algos.global_batch_info`) rather than the micro-batch's own."""
+(loss, `LossShare` metrics, token-weighted metrics) and that they use the mini-batch
+denominators (the engine's `batch_info`) rather than the micro-batch's own."""
 
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ def test_ppo_loss_reads_the_mini_batch_denominator_and_adds_entropy_and_kl():
     data = _td(response_mask=MASK, advantages=adv, old_log_probs=log_probs.detach(), ref_log_prob=log_probs.detach())
     # this micro-batch is part of a mini-batch of 6 valid tokens over all ranks
     stats = core_algos.BatchLossStats(num_tokens=6, num_seqs=4)
-    with core_algos.global_batch_info(**core_algos.make_global_batch_info(stats)):
-        loss, metrics = ppo_loss(cfg, {"log_probs": log_probs, "entropys": entropys}, data)
+    info = core_algos.make_global_batch_info(stats)
+    loss, metrics = ppo_loss(cfg, {"log_probs": log_probs, "entropys": entropys}, data, batch_info=info)
+    assert cfg.global_batch_info == info  # written into the actor's config, as upstream's ppo_loss does
     # pg: -(1+2+3)/6 = -1; entropy: (0.3+0.6+0.9)/6 = 0.3; kl of identical policies: 0
     assert metrics["actor/pg_loss"] == pytest.approx(-1.0)
     assert metrics["actor/entropy"] == pytest.approx(0.3)

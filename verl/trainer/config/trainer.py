@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,3 +184,58 @@ class RayKwargsConfig(BaseConfig):
 
     ray_init: dict[str, Any] = field(default_factory=dict)
     timeline_json_file: str | None = None
+
+    def __post_init__(self):
+        check_ray_init_kwargs(self.ray_init)
+
+
+# ray.init arguments that need no look-up (ray itself is imported only for another name: ~1-3 s)
+_COMMON_RAY_INIT_ARGS = frozenset(
+    {
+        "address",
+        "num_cpus",
+        "num_gpus",
+        "resources",
+        "object_store_memory",
+        "runtime_env",
+        "namespace",
+        "include_dashboard",
+        "dashboard_host",
+        "dashboard_port",
+        "logging_level",
+        "log_to_driver",
+        "ignore_reinit_error",
+        "_node_ip_address",
+        "_temp_dir",
+    }
+)
+
+
+def ray_init_arguments() -> set[str]:
+    """The keyword arguments `ray.init` accepts: its named parameters and the private ones it
+    takes from `**kwargs` (unknown ones make it raise)."""
+    import ray
+
+    init = inspect.unwrap(ray.init)
+    names = {n for n, p in inspect.signature(init).parameters.items() if p.kind is not p.VAR_KEYWORD}
+    try:
+        names |= set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", inspect.getsource(init)))
+    except (OSError, TypeError):  # no source: only the named parameters are known
+        pass
+    return names
+
+
+def check_ray_init_kwargs(ray_init: Any) -> None:
+    """Every key of `ray_kwargs.ray_init` is an argument of `ray.init` (checked when the config is
+    built, before anything starts, whether or not the job uses Ray)."""
+    unusual = sorted(str(k) for k in dict(ray_init or {}) if k not in _COMMON_RAY_INIT_ARGS)
+    if not unusual:
+        return
+    accepted = ray_init_arguments()
+    for key in unusual:
+        if key not in accepted:
+            close = difflib.get_close_matches(key, sorted(accepted), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(
+                f"ray_kwargs.ray_init.{key}: ray.init has no argument {key!r}{hint} (accepted: {sorted(accepted)})"
+            )

@@ -162,7 +162,6 @@ EMBEDDED_PRESET: dict[str, Any] = {
     "actor_rollout_ref.actor.optim.lr": 3e-5,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {},
     "actor_rollout_ref.ref.fsdp_config.wrap_policy": {},
-    "actor_rollout_ref.rollout.mode": "sync",
     "actor_rollout_ref.rollout.n": 8,
     "actor_rollout_ref.rollout.enforce_eager": True,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,

@@ -37,7 +37,7 @@ import random
 import re
 import shutil
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,9 +55,6 @@ from verl.utils.checkpoint.integrity import (
 )
 from verl.utils.fs import atomic_write_text, fsync_dir, fsync_tree
 from verl.utils.tracking import to_jsonable
-
-if TYPE_CHECKING:
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -312,7 +309,7 @@ def restore_driver_rng(plain: dict) -> None:
     torch.set_rng_state(rng["torch"])
 
 
-def trainer_state(trainer: RayPPOTrainer) -> dict:
+def trainer_state(trainer: Any) -> dict:
     """The driver's state saved in `trainer_state.pt`: `global_steps`, `epoch`, `rng` (the
     driver's generators), `kl_ctrl_value` (adaptive KL in reward) and `callbacks` (each hook's
     `state_dict()`); `TrainerCheckpointer.save` adds `step_metrics`."""
@@ -326,7 +323,7 @@ def trainer_state(trainer: RayPPOTrainer) -> dict:
     }
 
 
-def restore_trainer_state(trainer: RayPPOTrainer, state: dict) -> None:
+def restore_trainer_state(trainer: Any, state: dict) -> None:
     """Restore what `trainer_state` saved (callback states in order; a count mismatch warns)."""
     trainer.global_steps = int(state["global_steps"])
     trainer.epoch = int(state["epoch"])
@@ -360,7 +357,7 @@ class TrainerCheckpointer:
     publishes the directory and the tracker.
     """
 
-    def __init__(self, trainer: RayPPOTrainer):
+    def __init__(self, trainer: Any):
         self.trainer = trainer
         self.saved_step: int | None = None
         self.pending: tuple[int, str] | None = None  # (step, hidden directory) of an async save

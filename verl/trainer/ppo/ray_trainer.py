@@ -44,6 +44,7 @@ from omegaconf import OmegaConf, open_dict
 from verl.protocol import DataProto
 from verl.trainer.config.derived import DerivedConfig, WorkerSettings, derive, total_training_steps
 from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.callbacks import TrainerCallback
 from verl.trainer.ppo.checkpoint import TrainerCheckpointer, restore_trainer_state, seed_driver, trainer_state
 from verl.trainer.ppo.core_algos import AdvantageEstimator  # noqa: F401 - upstream users import it from here
 from verl.trainer.ppo.dataloaders import build_dataloaders
@@ -96,34 +97,6 @@ __all__ = [
 
 
 # ============================================================================ hooks
-class TrainerCallback:
-    """Observe or adjust the loop at fixed points without copying `fit()`.
-
-    Every method receives the trainer; batch hooks may modify `batch` in place and add entries
-    to `metrics`. `state_dict`/`load_state_dict` are saved in and restored from checkpoints.
-    """
-
-    def on_fit_start(self, trainer: RayPPOTrainer) -> None: ...
-
-    def on_batch_scored(self, trainer: RayPPOTrainer, batch: DataProto, metrics: dict) -> None:
-        """After generation and reward, before dynamic sampling and log-probs."""
-
-    def on_advantages(self, trainer: RayPPOTrainer, batch: DataProto, metrics: dict) -> None:
-        """After advantages, before the critic and actor updates."""
-
-    def on_step_end(self, trainer: RayPPOTrainer, metrics: dict) -> None:
-        """After the step's metrics are complete, before they are logged."""
-
-    def on_validation(self, trainer: RayPPOTrainer, metrics: dict) -> None: ...
-
-    def on_fit_end(self, trainer: RayPPOTrainer) -> None: ...
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None: ...
-
-
 class _EndOfData(Exception):
     """The training data (all epochs) is exhausted."""
 

@@ -30,6 +30,7 @@ from verl.trainer.config import (
 from verl.trainer.config.derived import DerivedConfig, derive
 from verl.trainer.config.reward import RewardConfig
 from verl.trainer.config.sections import SECTION_DATACLASSES  # noqa: F401 - re-exported (key listings)
+from verl.trainer.ppo.source_checks import _is_local_path, check_model_dirs, check_paths_exist
 from verl.utils.config import ConfigTypeError, omega_conf_to_dataclass
 from verl.utils.py_functional import config_get
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
@@ -212,13 +213,35 @@ def validate_config(config: Any) -> ValidatedConfig:
     check_roles_colocated(cfg)
     import_user_modules(cfg)
     v = _convert_sections(cfg)
-    check_algorithm(v)
-    check_rollout(v)
-    v.derived = derive(v)  # the batch-size rules (one place, shared with the workers)
-    check_trainer(v)
-    v.async_plan = plan_async(cfg, v)  # a rollout of its own, trainer.v1 modes (docs/async.md)
+
+    def derive_plans():
+        v.derived = derive(v)  # the batch-size rules (one place, shared with the workers)
+        v.async_plan = plan_async(cfg, v)  # a rollout of its own, trainer.v1 modes (docs/async.md)
+
+    # the model and data sources first: a rule about the job means little when its model is missing
+    sources = [lambda: check_paths_exist(v), lambda: check_model_dirs(v)]
+    _run_checks(
+        [*sources, lambda: check_algorithm(v), lambda: check_rollout(v), derive_plans, lambda: check_trainer(v)]
+    )
     _remember(config, v)
     return v
+
+
+def _run_checks(checks: list) -> None:
+    """Run every check; the first error is raised as it is, the others are added to it as notes
+    (shown under its traceback), so one run reports every config error it can find."""
+    errors: list[Exception] = []
+    for check in checks:
+        try:
+            check()
+        except (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError, ImportError) as exc:
+            errors.append(exc)
+    if not errors:
+        return
+    first = errors[0]
+    for other in errors[1:]:
+        first.add_note(f"also: {type(other).__name__}: {other}")
+    raise first
 
 
 _LAST_VALIDATED: list[tuple[str, ValidatedConfig]] = []
@@ -403,8 +426,9 @@ def check_rollout(v: ValidatedConfig) -> None:
 
 
 def check_trainer(v: ValidatedConfig) -> None:
-    """Trainer values, paths, callbacks, the rollout engine, checkpoint contents, reward functions
-    and model directories."""
+    """Trainer values, callbacks, the rollout engine, checkpoint contents, reward functions and the
+    run's inputs (the model and data paths are `check_paths_exist` / `check_model_dirs`, run first
+    by `validate_config`)."""
     from verl.utils.tracking import check_backends_available
 
     algo, actor, tr = v.algorithm, v.actor, v.trainer
@@ -415,7 +439,6 @@ def check_trainer(v: ValidatedConfig) -> None:
             f"trainer.critic_warmup={tr.critic_warmup} needs a critic (algorithm.adv_estimator=gae "
             "or critic.enable=True)"
         )
-    check_paths_exist(v)
     check_callbacks(tr.callbacks)
     check_rollout_engine(v.rollout)
     check_checkpoint_contents("actor_rollout_ref.actor", actor.checkpoint)
@@ -423,14 +446,13 @@ def check_trainer(v: ValidatedConfig) -> None:
         check_checkpoint_contents("critic", v.critic.checkpoint)
     check_gae_lambda(algo)
     check_reward_functions(v)
-    check_model_dirs(v)
     check_run_inputs(v)
 
 
 def check_callbacks(specs: list[str]) -> None:
     """Every `trainer.callbacks` entry names a `TrainerCallback` subclass (loaded here, before Ray
     starts, so a typo fails at once)."""
-    from verl.trainer.ppo.ray_trainer import TrainerCallback
+    from verl.trainer.ppo.callbacks import TrainerCallback
     from verl.workers.reward_manager.registry import load_object
 
     for spec in specs:
@@ -440,49 +462,6 @@ def check_callbacks(specs: list[str]) -> None:
                 f"trainer.callbacks entry {spec!r} is {cls!r}, not a subclass of "
                 "verl.trainer.ppo.ray_trainer.TrainerCallback"
             )
-
-
-def _is_local_path(path: str) -> bool:
-    """A path the user means as local (absolute, ~ or relative with ./ ../), not a hub id `org/name`."""
-    return path.startswith(("/", "~", "./", "../")) or os.path.splitext(path)[1] in (
-        ".parquet",
-        ".jsonl",
-        ".json",
-        ".py",
-    )
-
-
-def check_paths_exist(v: ValidatedConfig) -> None:
-    """Fail before Ray starts when a local model directory, data file or reward file is missing."""
-    checks: list[tuple[str, Any]] = [
-        ("data.train_files", v.data.train_files),
-        ("data.val_files", v.data.val_files),
-        ("actor_rollout_ref.model.path", v.model.path),
-        ("actor_rollout_ref.model.tokenizer_path", v.model.tokenizer_path),
-        ("custom_reward_function.path", v.custom_reward_function.path),
-    ]
-    if v.use_critic:
-        checks.append(("critic.model.path", v.critic.model.path))
-    if v.use_rm:
-        checks.append(("reward_model.model.path", v.reward_model.model.path))
-    from verl.utils.fs import is_non_local
-
-    for key, value in checks:
-        values = value if isinstance(value, (list, tuple)) else [value]
-        for item in values:
-            if item is None:  # null = the embedded default
-                continue
-            item = str(item)
-            if is_non_local(item):
-                raise NotImplementedError(
-                    f"{key}={item!r}: remote storage is not supported; copy it to a local path first"
-                )
-            if item.startswith("file://"):
-                item = item[len("file://") :]
-            elif "://" in item:
-                continue  # another scheme: left to the loader that reads it
-            if _is_local_path(item) and not os.path.exists(os.path.expanduser(item)):
-                raise FileNotFoundError(f"{key}={item!r}: no such file or directory (resolved from {os.getcwd()!r})")
 
 
 # ==============================================================================================
@@ -708,65 +687,6 @@ def check_gae_lambda(algo: AlgoConfig) -> None:
             raise TypeError(
                 f"algorithm.lam={algo.lam!r} is not callable; expected a number in [0, 1] or a lambda function"
             )
-
-
-def _offline_reason(repo_id: str) -> str | None:
-    """Why the Hugging Face Hub id `repo_id` cannot be fetched now (None: cached or reachable)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(repo_id, "config.json")
-        if isinstance(cached, str):
-            return None
-    except Exception:  # noqa: BLE001, S110 - an invalid id or an old hub library: fall through to the reachability test
-        pass
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").lower() in ("1", "true", "yes", "on"):
-            return f"{var} is set and it is not in the local Hugging Face cache"
-    if any(os.environ.get(v) for v in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")):
-        return None  # a proxy may reach the hub where a direct connection cannot
-    import socket
-    from urllib.parse import urlparse
-
-    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
-    try:
-        socket.create_connection((host, 443), timeout=3).close()
-    except OSError as exc:
-        return f"{host} cannot be reached ({exc}) and it is not in the local Hugging Face cache"
-    return None
-
-
-def check_model_dirs(v: ValidatedConfig) -> None:
-    """Every model path the run loads is a local Hugging Face model directory (config.json inside),
-    or a hub id that can be fetched now."""
-    from verl.utils.fs import is_non_local
-
-    checks = [("actor_rollout_ref.model.path", v.model.path)]
-    if v.use_critic:
-        checks.append(("critic.model.path", v.critic.model.path))
-    if v.use_rm:
-        checks.append(("reward_model.model.path", v.reward_model.model.path))
-    for key, path in checks:
-        if path is None or is_non_local(str(path)):
-            continue  # null: the embedded default; remote storage: check_paths_exist refuses it
-        local = os.path.expanduser(str(path).removeprefix("file://"))
-        if os.path.isdir(local):
-            if not os.path.isfile(os.path.join(local, "config.json")):
-                raise FileNotFoundError(
-                    f"{key}={path!r} is not a local model directory: config.json missing (a Hugging Face model "
-                    "directory holds config.json, the weights and the tokenizer files)"
-                )
-        elif os.path.exists(local):
-            raise ValueError(f"{key}={path!r} is a file; expected a Hugging Face model directory (with config.json)")
-        elif "://" not in str(path) and not _is_local_path(str(path)):
-            reason = _offline_reason(str(path))
-            if reason:
-                raise FileNotFoundError(
-                    f"{key}={path!r} is not a local model directory and, read as a Hugging Face Hub id, cannot be "
-                    f"fetched offline: {reason}. Download it first (e.g. huggingface-cli download "
-                    f"{path} --local-dir DIR) "
-                    "and set the key to that directory"
-                )
 
 
 def check_run_inputs(v: ValidatedConfig) -> None:

@@ -9,7 +9,7 @@ statistics, the extra-info columns and the multi-turn rollout figures.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -19,9 +19,6 @@ from verl.trainer.ppo.metric_utils import process_validation_metrics, reduce_met
 from verl.trainer.ppo.reward import compute_reward
 from verl.trainer.ppo.step_context import is_due
 
-if TYPE_CHECKING:
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-
 
 class Validator:
     """Validation cadence and pass of one `RayPPOTrainer` (which owns the workers and data).
@@ -30,7 +27,7 @@ class Validator:
     wrote the checkpoint validated it), so a run that ends early is validated once at its end.
     """
 
-    def __init__(self, trainer: RayPPOTrainer):
+    def __init__(self, trainer: Any):
         self.trainer = trainer
         self.validated_step: int | None = None
 

@@ -53,11 +53,19 @@ def read_file_rows(path: str) -> list[dict]:
     """All rows of one parquet / jsonl file as dicts. A ``.json`` file may hold one JSON array of
     objects or, like ``.jsonl``, one object per line."""
     if path.endswith(".parquet"):
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         # one local file: ParquetFile reads it directly; read_table would go through pyarrow.dataset,
         # whose import (with pandas) costs ~0.35 s at start-up for the same table
-        return pq.ParquetFile(path).read().to_pylist()
+        try:
+            return pq.ParquetFile(path).read().to_pylist()
+        except pa.ArrowInvalid as exc:  # pyarrow's messages ("Parquet file size is 0 bytes") omit the path
+            raise ValueError(f"{path}: not a readable parquet file ({exc})") from exc
+        except OSError as exc:
+            if path in str(exc):
+                raise
+            raise OSError(exc.errno, f"{path}: cannot read the parquet file ({exc})") from exc
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if path.endswith(".json") and text.lstrip().startswith("["):

@@ -23,10 +23,11 @@ log-probs (as upstream).
 
 Loss (per mini-batch, summed over micro-batches without any 1/n_micro factor):
 `policy_loss - entropy_coeff * agg(entropy) + kl_loss_coef * agg(kl(logp, ref_logp))`, where every
-`agg` is `core_algos.agg_loss` under `core_algos.global_batch_info` holding the mini-batch totals
-over all data-parallel ranks, so every aggregation mode gives exactly the full mini-batch loss and
-gradient whatever the micro-batch split and world size. With rollout correction the rejection
-mask is applied once to this rank's batch before any of those totals is taken.
+`agg` is `core_algos.agg_loss(..., **config.global_batch_info)`: the engine gives each micro-batch's
+loss the mini-batch totals over all data-parallel ranks (written into this actor's
+`config.global_batch_info` for the call, cleared after the update), so every aggregation mode gives
+exactly the full mini-batch loss and gradient whatever the micro-batch split and world size. With
+rollout correction the rejection mask is applied once to this rank's batch before any of those totals is taken.
 """
 
 from __future__ import annotations
@@ -250,18 +251,21 @@ class DataParallelPPOActor(BasePPOActor):
             **_policy_loss(cfg, rc_config, bypass),
         )
         calc_entropy = cfg.entropy_coeff != 0
-        out = self.engine.train(
-            batch,
-            self._forward(temperature, calc_entropy),
-            loss_fn,
-            cfg,
-            "actor",
-            uid=uid,
-            loss_scale_factor=cfg.loss_scale_factor,
-            on_mini_batch=on_mini_batch,
-            keep=("log_probs", "entropys") if use_current else (),
-            row_separable=_row_separable(cfg, rc_config, bypass),
-        )
+        try:
+            out = self.engine.train(
+                batch,
+                self._forward(temperature, calc_entropy),
+                loss_fn,
+                cfg,
+                "actor",
+                uid=uid,
+                loss_scale_factor=cfg.loss_scale_factor,
+                on_mini_batch=on_mini_batch,
+                keep=("log_probs", "entropys") if use_current else (),
+                row_separable=_row_separable(cfg, rc_config, bypass),
+            )
+        finally:
+            cfg.global_batch_info.clear()  # the last micro-batch's totals mean nothing after the update
         metrics = out.metrics
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"] = [float(cfg.kl_loss_coef)]

@@ -8,11 +8,13 @@ budget `ppo_max_token_len_per_gpu`. See docs/batch_sizes.md.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig, check_choice, check_range
 from verl.trainer.ppo import mode_names
+from verl.utils.py_functional import config_get
 from verl.workers.config.engine import FSDPEngineConfig
 from verl.workers.config.optimizer import OptimizerConfig
 
@@ -55,6 +57,8 @@ class PolicyLossConfig(BaseConfig):
         check_range("actor.policy_loss", "tau_neg", self.tau_neg, low=0.0, low_open=True)
         check_range("actor.policy_loss", "clip_cov_ratio", self.clip_cov_ratio, low=0.0, high=1.0)
         check_range("actor.policy_loss", "kl_cov_ratio", self.kl_cov_ratio, low=0.0, high=1.0)
+        # the weight of DRO's quadratic penalty: zero or negative rewards moving away from the old policy
+        check_range("actor.policy_loss", "dro_beta", self.dro_beta, low=0.0, low_open=True, allow_none=True)
 
 
 @dataclass
@@ -89,7 +93,8 @@ class ActorConfig(BaseConfig):
     clip_ratio_low: float | None = None  # null = clip_ratio
     clip_ratio_high: float | None = None  # null = clip_ratio
     clip_ratio_c: float = 3.0
-    # sapo soft-gate temperatures (upstream's place; policy_loss.tau_pos/tau_neg win when given)
+    # sapo soft-gate temperatures (upstream's place; policy_loss.tau_pos/tau_neg win when they are
+    # not at their default); after construction both places hold the value the loss uses
     tau_pos: float = 1.0
     tau_neg: float = 1.05
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -122,6 +127,10 @@ class ActorConfig(BaseConfig):
     # upstream's engine config and model config objects (set by its workers); null here
     engine: Any = None
     model_config: Any = None
+    # the loss denominators of the micro-batch being computed (keys: `core_algos.GLOBAL_BATCH_INFO_KEYS`),
+    # written by the engine before each loss call and passed on by every loss as
+    # `agg_loss(..., **config.global_batch_info)` (upstream main); state of this config only
+    global_batch_info: dict = field(default_factory=dict)
     # sequences per micro-batch of the actor's log-prob pass; null = rollout.log_prob_micro_batch_size_per_gpu
     ppo_infer_micro_batch_size_per_gpu: int | None = None
     # token budget of a dynamic micro-batch of that pass; null = rollout.log_prob_max_token_len_per_gpu
@@ -187,11 +196,28 @@ class ActorConfig(BaseConfig):
         check_range(owner, "loss_scale_factor", self.loss_scale_factor, low=0.0, low_open=True, allow_none=True)
         check_range(owner, "entropy_coeff", self.entropy_coeff, low=0.0)
         check_range(owner, "kl_loss_coef", self.kl_loss_coef, low=0.0)
+        self._unify_sapo_temperatures()
         if self.ulysses_sequence_parallel_size != 1:
             raise ValueError(
                 f"{owner}.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size}: "
                 "sequence parallelism is not implemented; use 1"
             )
+
+    def _unify_sapo_temperatures(self) -> None:
+        """`tau_pos` / `tau_neg` live at upstream's place (this config) and at ours
+        (`policy_loss`); the one that is not at its default wins, and both are set to it, so the
+        loss, upstream code reading `config.tau_pos` and a raw upstream yaml section agree."""
+        defaults = PolicyLossConfig()
+        for key in ("tau_pos", "tau_neg"):
+            top, nested, default = getattr(self, key), config_get(self.policy_loss, key), getattr(defaults, key)
+            value = nested if nested is not None and nested != default else top
+            check_range("actor_rollout_ref.actor", key, value, low=0.0, low_open=True)
+            setattr(self, key, value)
+            if nested != value:
+                if isinstance(self.policy_loss, PolicyLossConfig):
+                    self.policy_loss = dataclasses.replace(self.policy_loss, **{key: value})
+                else:
+                    self.policy_loss[key] = value
 
     def validate(self, n_gpus: int, train_batch_size: int, model_config: dict | None = None) -> None:
         """Upstream's run-time checks of the batch sizes against the job (fixed-size micro-batches
@@ -219,16 +245,6 @@ class ActorConfig(BaseConfig):
                     f"{owner}.ppo_micro_batch_size ({mbs}) * ulysses_sequence_parallel_size "
                     f"({self.ulysses_sequence_parallel_size}) must be >= n_gpus ({n_gpus})"
                 )
-
-    @property
-    def global_batch_info(self) -> dict:
-        """The mini-batch-global denominators of the micro-batch being computed (set by the actor
-        through `core_algos.global_batch_info`); lets upstream-style user losses call
-        `agg_loss(..., **config.global_batch_info)`."""
-        from verl.trainer.ppo.core_algos import global_batch_info_view
-
-        # live and writable: upstream-style `config.global_batch_info[k] = v` takes effect
-        return global_batch_info_view()
 
 
 # Upstream name of the FSDP flavour of the actor config.

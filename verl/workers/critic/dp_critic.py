@@ -6,7 +6,7 @@ response token j is read at the position *before* it (the state in which token j
 same convention as the log-probs. The critic is a thin facade over the engine shared with the actor
 (`verl.workers.engine.DataParallelEngine`: length-sorted padding-free micro-batches, the prefix
 grouper where exact, the epoch x mini-batch x micro-batch loop) and the loss function
-`verl.workers.utils.losses.value_loss`, aggregated under `core_algos.global_batch_info` so gradient
+`verl.workers.utils.losses.value_loss`, given the mini-batch totals (`batch_info`) so gradient
 accumulation is exact for any micro-batch split and world size. A micro-batch whose loss is not
 finite on any rank is skipped on every rank; a mini-batch whose gradient norm is not finite takes
 no optimizer step.

@@ -13,8 +13,8 @@ data-parallel group, and knows nothing of PPO. It offers:
   each) x micro-batches, returning a `TrainOutput`.
 
 Exactness contract of `train`. Every loss is a sum over micro-batches with no 1/n_micro factor: the
-loss function aggregates with `core_algos.agg_loss` under `core_algos.global_batch_info` holding the
-mini-batch totals over all data-parallel ranks (`global_loss_stats`), so each aggregation mode gives
+loss function is given the mini-batch totals over all data-parallel ranks (`global_loss_stats`) as
+`batch_info=` and aggregates with `core_algos.agg_loss(..., **batch_info)`, so each aggregation mode gives
 the full mini-batch loss and gradient whatever the micro-batch split and world size. Those totals are
 taken per mini-batch after the `on_mini_batch` hook (which may rewrite the response mask, e.g.
 rollout rejection). Collectives run here and never in a loss function: every rank runs the same
@@ -427,9 +427,10 @@ class DataParallelEngine:
                 reads.
             forward: `forward(micro) -> (model_output, (valid tokens, token slots))`, model_output a
                 dict of [m, R] tensors (e.g. `log_probs`, `entropys`, `values`).
-            loss_fn: `loss_fn(model_output, micro) -> (loss, metrics)`, called under
-                `core_algos.global_batch_info`; metrics map names to `LossShare`s or token-weighted
-                floats. It must not run collectives.
+            loss_fn: `loss_fn(model_output, micro, batch_info=...) -> (loss, metrics)`; `batch_info`
+                is the micro-batch's `make_global_batch_info` dict (the `agg_loss` keywords);
+                metrics map names to `LossShare`s or token-weighted floats. It must not run
+                collectives.
             config: an actor or critic config (`ppo_epochs`, `shuffle`, `data_loader_seed`,
                 `ppo_mini_batch_size` per rank in sequences, `ppo_micro_batch_size_per_gpu`,
                 `use_dynamic_bsz`, `ppo_max_token_len_per_gpu`, `grad_clip`, `loss_agg_mode`).
@@ -502,8 +503,7 @@ class DataParallelEngine:
         tally.valid += valid
         tally.slots += slots
         _keep(kept, model_output)
-        with core_algos.global_batch_info(**info):
-            loss, metrics = loss_fn(model_output, micro)
+        loss, metrics = loss_fn(model_output, micro, batch_info=info)
         if not all_ranks_finite(loss, self.process_group):
             tally.skipped_micro += 1
             logger.warning("%s: non-finite loss in a micro-batch; skipped (not back-propagated)", prefix)
@@ -552,8 +552,7 @@ class DataParallelEngine:
             output, (valid, slots) = forward(sub)
             tally.valid += valid
             tally.slots += slots
-            with core_algos.global_batch_info(**_info_rows(info, idx, micro.batch_size[0])):
-                loss, _ = loss_fn(output, sub)
+            loss, _ = loss_fn(output, sub, batch_info=_info_rows(info, idx, micro.batch_size[0]))
             if not bool(torch.isfinite(loss).all()):
                 finite = False
                 break
@@ -573,8 +572,8 @@ class DataParallelEngine:
                     model_output[name] = value.new_zeros((m, *value.shape[1:]))
                 model_output[name][idx] = value
         _keep(kept, model_output)
-        with torch.no_grad(), core_algos.global_batch_info(**info):
-            _, metrics = loss_fn(model_output, micro)
+        with torch.no_grad():
+            _, metrics = loss_fn(model_output, micro, batch_info=info)
         self._record(meter, metrics, micro)
         return 1
 

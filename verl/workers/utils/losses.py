@@ -7,14 +7,17 @@ Each is `fn(config, model_output, data, dp_group=None) -> (loss, metrics)` for O
   `entropys` when computed, `values`), 0 where the response token is padding.
 - `data`: the micro-batch TensorDict on the model's device (`response_mask` [m, R], `advantages`,
   `old_log_probs`, `values`, `returns`, ...).
-- `loss`: the micro-batch's share of the mini-batch loss. Every term is aggregated with
-  `core_algos.agg_loss`, which the engine runs under `core_algos.global_batch_info` (mini-batch
-  totals over all data-parallel ranks), so summing the shares over micro-batches and ranks gives the
-  mini-batch loss exactly (no 1/n_micro factor).
+- `batch_info`: the mini-batch totals over all data-parallel ranks for this micro-batch
+  (`core_algos.make_global_batch_info`, given by the engine). `ppo_loss` writes it into
+  `config.global_batch_info`, as upstream main's does, and every term is aggregated with
+  `core_algos.agg_loss(..., **config.global_batch_info)`, so summing the shares over micro-batches
+  and ranks gives the mini-batch loss exactly (no 1/n_micro factor). None: each term is the plain
+  mean of this micro-batch (and `config.global_batch_info` is left as it is).
 - `metrics`: `LossShare` values (summed over micro-batches, as the loss) or floats (token-weighted
   means over the mini-batch).
 
-Loss functions are pure: no collectives (the engine agrees on skips across ranks) and no state.
+Loss functions run no collectives (the engine agrees on skips across ranks); the only state they
+touch is their own config's `global_batch_info`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def ppo_loss(
     data,
     dp_group=None,
     *,
+    batch_info: dict | None = None,
     policy_loss_fn=None,
     loss_config: Any = None,
     use_current_as_old: bool = False,
@@ -61,11 +65,12 @@ def ppo_loss(
 
     Args:
         config: `ActorConfig` (`loss_agg_mode`, `entropy_coeff`, `use_kl_loss`, `kl_loss_coef`,
-            `kl_loss_type`, `policy_loss.loss_mode`).
+            `kl_loss_type`, `policy_loss.loss_mode`, `global_batch_info`).
         model_output: `log_probs` [m, R] (with gradient); `entropys` [m, R] when the entropy bonus
             is on (`entropy_coeff != 0`).
         data: `response_mask`, `advantages`, `old_log_probs` (unless `use_current_as_old`),
             `ref_log_prob` (with `use_kl_loss`), optional `rollout_is_weights`, `rollout_log_probs`.
+        batch_info: the micro-batch's global denominators (see the module docstring).
         policy_loss_fn: the registered policy loss to use (default: `config.policy_loss.loss_mode`).
         loss_config: the config the policy loss reads (default `config`).
         use_current_as_old: the detached `log_probs` are the old log-probs (ratio exactly 1); with
@@ -75,7 +80,11 @@ def ppo_loss(
         (loss, metrics): `actor/pg_loss`, `actor/loss`, `actor/entropy`, `actor/kl_loss` shares and
         the policy loss's own metrics.
     """
-    del dp_group  # pure: the engine owns the collectives
+    del dp_group  # the engine owns the collectives
+    if batch_info is not None:
+        config.global_batch_info.clear()
+        config.global_batch_info.update(batch_info)
+    agg_kwargs = core_algos.batch_info_of(config)
     log_prob = model_output["log_probs"]
     entropy = model_output.get("entropys")
     mask = data["response_mask"]
@@ -102,12 +111,12 @@ def ppo_loss(
     )
     loss = pg_loss
     if entropy is not None:
-        entropy_term = core_algos.agg_loss(entropy, mask, config.loss_agg_mode)
+        entropy_term = core_algos.agg_loss(entropy, mask, config.loss_agg_mode, **agg_kwargs)
         loss = loss - config.entropy_coeff * entropy_term
         metrics["actor/entropy"] = LossShare(entropy_term.item())
     if config.use_kl_loss:
         kl = core_algos.kl_penalty(log_prob, data["ref_log_prob"], config.kl_loss_type)
-        kl_term = core_algos.agg_loss(kl, mask, config.loss_agg_mode)
+        kl_term = core_algos.agg_loss(kl, mask, config.loss_agg_mode, **agg_kwargs)
         loss = loss + config.kl_loss_coef * kl_term
         metrics["actor/kl_loss"] = LossShare(kl_term.item())
     metrics["actor/pg_loss"] = LossShare(pg_loss.item())
@@ -131,7 +140,7 @@ def _on_policy_correction(old_log_prob, rollout_log_prob, mask, weights, rc_conf
 
 
 def value_loss(
-    config, model_output: dict[str, torch.Tensor], data, dp_group=None
+    config, model_output: dict[str, torch.Tensor], data, dp_group=None, *, batch_info: dict | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss (`core_algos.compute_value_loss`) of one micro-batch.
 
@@ -139,6 +148,7 @@ def value_loss(
         config: `CriticConfig` (`cliprange_value`, `loss_agg_mode`).
         model_output: `values` [m, R] (with gradient), V(s) before each response token.
         data: `response_mask`, `values` (V_old), `returns` [m, R].
+        batch_info: the micro-batch's global denominators (see the module docstring).
     Returns:
         (loss, metrics): the `critic/vf_loss` share, `critic/vf_clipfrac` and `critic/vpred_mean`.
         (`critic/vf_explained_var` has one producer: the driver's `compute_data_metrics`.)
@@ -147,7 +157,13 @@ def value_loss(
     vpreds = model_output["values"]
     mask = data["response_mask"]
     vf_loss, vf_clipfrac = core_algos.compute_value_loss(
-        vpreds, data["returns"], data["values"], mask, config.cliprange_value, config.loss_agg_mode
+        vpreds,
+        data["returns"],
+        data["values"],
+        mask,
+        config.cliprange_value,
+        config.loss_agg_mode,
+        **(batch_info or {}),
     )
     v = vpreds.detach()[mask.bool()].double().cpu()
     return vf_loss, {

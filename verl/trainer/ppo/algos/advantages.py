@@ -20,7 +20,7 @@ from verl.trainer.ppo.algos.normalization import (
     _group_sum,
     normalize_by_config,
 )
-from verl.trainer.ppo.core_algos import AdvantageEstimator, register_adv_est
+from verl.trainer.ppo.algos.registry import AdvantageEstimator, register_adv_est
 from verl.utils.py_functional import config_get
 
 

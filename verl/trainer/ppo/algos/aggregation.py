@@ -1,15 +1,16 @@
 """Loss aggregation (`agg_loss`, `LOSS_AGG_MODES`) and the mini-batch-global denominators that make
-it exact under micro-batching (`global_batch_info`, `BatchLossStats`, `make_global_batch_info`).
+it exact under micro-batching (`BatchLossStats`, `make_global_batch_info`).
 
-The active denominators live in one context variable owned by this module; `core_algos`
-re-exports these names (the same objects). Built-in losses call this module's `agg_loss`, so
-rebinding `core_algos.agg_loss` (e.g. monkeypatching it) does not change them."""
+`agg_loss` is a pure function of its arguments. The denominators of the micro-batch being computed
+travel in the loss's config, as upstream main: the engine fills `config.global_batch_info` (a
+plain dict field of `ActorConfig`) and every loss passes it on,
+`agg_loss(..., **batch_info_of(config))`. `core_algos` re-exports these names (the same objects);
+built-in losses call this module's `agg_loss`, so rebinding `core_algos.agg_loss` (e.g.
+monkeypatching it) does not change them."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Hashable, Iterator, MutableMapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from verl.trainer.ppo.mode_names import LOSS_AGG_MODES  # noqa: F401 - re-exported
+from verl.utils.py_functional import config_get
 
 GLOBAL_BATCH_INFO_KEYS = (
     "dp_size",
@@ -26,98 +28,22 @@ GLOBAL_BATCH_INFO_KEYS = (
     "group_num_tokens",
     "global_num_groups",
 )
-# values written outside any `global_batch_info` context (upstream-style code that fills
-# `config.global_batch_info[...]` itself); every context starts from them
-_BASE_GLOBAL_BATCH_INFO: dict = {}
-_GLOBAL_BATCH_INFO: contextvars.ContextVar[dict] = contextvars.ContextVar(
-    "verl_global_batch_info", default=_BASE_GLOBAL_BATCH_INFO
-)
 
 
-@contextlib.contextmanager
-def global_batch_info(**info: Any) -> Iterator[dict]:
-    """Context in which `agg_loss` calls without explicit global kwargs use these values.
-
-    Keys (all optional; see `agg_loss` for their meaning): `dp_size`, `batch_num_tokens`,
-    `global_batch_size`, `loss_scale_factor`, `group_num_tokens` ([b] for the rows of the current
-    micro-batch), `global_num_groups`. Contexts nest: an inner context overrides the keys it sets
-    (a value of None removes the key). This is how upstream-style user losses that call
-    `agg_loss(loss_mat, mask, loss_agg_mode)` become micro-batch exact without changes.
-
-    Actor recipe (per mini-batch, then per micro-batch)::
-
-        local = compute_batch_loss_stats(mini_batch_mask, mini_batch_uid)
-        stats = merge_batch_loss_stats(all_gather_object(local))   # [local] when dp_size == 1
-        for mb in micro_batches:
-            info = make_global_batch_info(stats, index=mb_uid, dp_size=dp, loss_scale_factor=L_max)
-            with global_batch_info(**info):
-                pg_loss, metrics = policy_loss_fn(...)        # and entropy / KL agg_loss terms
-            loss.backward()                                   # no 1/n_micro scaling
-    """
+def batch_info_of(config: Any) -> dict:
+    """The `agg_loss` keywords a loss given `config` passes on: `config.global_batch_info` (what the
+    engine wrote for the current micro-batch; {} for a config without one, e.g. a plain dict), with
+    `loss_scale_factor` from `config.loss_scale_factor` when the info has none. Unknown keys fail
+    here, naming the accepted ones."""
+    info = dict(config_get(config, "global_batch_info", None) or {})
     unknown = sorted(set(info) - set(GLOBAL_BATCH_INFO_KEYS))
     if unknown:
         raise ValueError(f"global_batch_info: unknown key(s) {unknown}; accepted: {list(GLOBAL_BATCH_INFO_KEYS)}")
-    merged = dict(_GLOBAL_BATCH_INFO.get())
-    for key, value in info.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = value
-    token = _GLOBAL_BATCH_INFO.set(merged)
-    try:
-        yield merged
-    finally:
-        _GLOBAL_BATCH_INFO.reset(token)
-
-
-def get_global_batch_info() -> dict:
-    """A copy of the values of the innermost active `global_batch_info` context (outside any
-    context: the values written through `global_batch_info_view()`, usually {})."""
-    return dict(_GLOBAL_BATCH_INFO.get())
-
-
-class GlobalBatchInfoView(MutableMapping):
-    """Live, writable view of the active global batch info (what `ActorConfig.global_batch_info`
-    returns).
-
-    Upstream's actor writes the denominators into `config.global_batch_info[...]` before calling
-    a loss, and upstream losses call `agg_loss(..., **config.global_batch_info)`. Through this view
-    such writes land in the innermost active `global_batch_info(...)` context (for the rest of that
-    context), or, outside any context, in the process-wide base values that every later context
-    and every `agg_loss` call starts from, so the normalisation follows what the code wrote.
-    Keys are checked against `GLOBAL_BATCH_INFO_KEYS`; assigning None removes a key.
-    """
-
-    def _target(self) -> dict:
-        return _GLOBAL_BATCH_INFO.get()
-
-    def __getitem__(self, key: str) -> Any:
-        return self._target()[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key not in GLOBAL_BATCH_INFO_KEYS:
-            raise KeyError(f"global_batch_info: unknown key {key!r}; accepted: {list(GLOBAL_BATCH_INFO_KEYS)}")
-        if value is None:
-            self._target().pop(key, None)
-        else:
-            self._target()[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self._target()[key]
-
-    def __iter__(self):
-        return iter(dict(self._target()))
-
-    def __len__(self) -> int:
-        return len(self._target())
-
-    def __repr__(self) -> str:
-        return f"GlobalBatchInfoView({dict(self._target())!r})"
-
-
-def global_batch_info_view() -> GlobalBatchInfoView:
-    """The live view described in `GlobalBatchInfoView`."""
-    return GlobalBatchInfoView()
+    info = {key: value for key, value in info.items() if value is not None}
+    scale = config_get(config, "loss_scale_factor", None)
+    if "loss_scale_factor" not in info and scale is not None:
+        info["loss_scale_factor"] = scale
+    return info
 
 
 @dataclass
@@ -180,7 +106,7 @@ def make_global_batch_info(
     loss_scale_factor: float | None = None,
     device: torch.device | str | None = None,
 ) -> dict:
-    """kwargs for `global_batch_info(...)` / `agg_loss(...)` for one micro-batch.
+    """`config.global_batch_info` / `agg_loss(...)` keywords for one micro-batch.
 
     Args:
         stats: mini-batch stats over all data-parallel ranks.
@@ -249,11 +175,9 @@ def agg_loss(
     `global_batch_size` = B, `global_num_groups` = number of non-empty groups, row-aligned
     `group_num_tokens`; all over every data-parallel rank) the result is this micro-batch's share of
     the mini-batch loss times `dp_size` (FSDP averages gradients over ranks), so summing the
-    micro-batch losses gives exactly the full mini-batch loss and gradient. When none of
-    `dp_size`/`batch_num_tokens`/`global_batch_size`/`group_num_tokens`/`global_num_groups` is
-    passed, the values of the active `global_batch_info` context are used (if any); outside a
-    context the plain full-batch value of the given tensors is returned. `loss_scale_factor` falls
-    back to the context independently. Empty rows/masks give 0, never NaN.
+    micro-batch losses gives exactly the full mini-batch loss and gradient. Without them the plain
+    full-batch value of the given tensors is returned: the function reads nothing but its
+    arguments (losses pass `**batch_info_of(config)`). Empty rows/masks give 0, never NaN.
 
     Args:
         loss_mat: [b, L] per-token loss.
@@ -263,19 +187,6 @@ def agg_loss(
     """
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"Invalid loss_agg_mode {loss_agg_mode!r}; expected one of {list(LOSS_AGG_MODES)}")
-    ctx = _GLOBAL_BATCH_INFO.get()
-    explicit = dp_size != 1 or any(
-        v is not None for v in (batch_num_tokens, global_batch_size, group_num_tokens, global_num_groups)
-    )
-    if not explicit and ctx:
-        dp_size = ctx.get("dp_size", 1)
-        batch_num_tokens = ctx.get("batch_num_tokens")
-        global_batch_size = ctx.get("global_batch_size")
-        group_num_tokens = ctx.get("group_num_tokens")
-        global_num_groups = ctx.get("global_num_groups")
-    if loss_scale_factor is None:
-        loss_scale_factor = ctx.get("loss_scale_factor")
-
     mask = loss_mask.bool()
     selected = torch.where(mask, loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device))
     row_tokens = mask.sum(dim=-1)
@@ -310,7 +221,7 @@ def _prompt_mean(
     if group_num_tokens is None:
         raise ValueError(
             "agg_loss(prompt-mean) needs the group token counts: pass group_num_tokens (row-aligned [b]) "
-            "and global_num_groups, or run inside `with global_batch_info(**make_global_batch_info(...))`"
+            "and global_num_groups (the engine writes them into config.global_batch_info; see make_global_batch_info)"
         )
     group_tokens = torch.as_tensor(group_num_tokens, device=row_sums.device).to(row_sums.dtype).clamp(min=1)
     if group_tokens.shape != row_sums.shape:

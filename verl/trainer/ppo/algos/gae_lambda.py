@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import _same_function
+from verl.trainer.ppo.algos.registry import _same_function
 
 
 @dataclass

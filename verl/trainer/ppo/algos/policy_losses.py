@@ -1,8 +1,9 @@
 """Policy losses registered by name (`actor_rollout_ref.actor.policy_loss.loss_mode`), the legacy
 `compute_policy_loss`, and the entropy and value losses. Every loss takes [B, L] tensors
 (`old_log_prob`, `log_prob`, `advantages`, `response_mask`, optional `rollout_is_weights`) and
-returns `(pg_loss, metrics)`; aggregation goes through `aggregation.agg_loss`, so it is exact per
-micro-batch. Re-exported by `core_algos`; the formulas are in ALGORITHMS.md."""
+returns `(pg_loss, metrics)`; aggregation goes through `aggregation.agg_loss` with the config's
+`global_batch_info` (`batch_info_of(config)`), so it is exact per micro-batch. Re-exported by
+`core_algos`; the formulas are in ALGORITHMS.md."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Any
 import torch
 
 import verl.utils.torch_functional as verl_F
-from verl.trainer.ppo.algos.aggregation import agg_loss
+from verl.trainer.ppo.algos.aggregation import agg_loss, batch_info_of
+from verl.trainer.ppo.algos.registry import _to_float, register_policy_loss
 from verl.trainer.ppo.algos.rollout_rejection import compute_rollout_correction_tensors
-from verl.trainer.ppo.core_algos import _to_float, register_policy_loss
 from verl.utils.py_functional import config_get
 
 
@@ -48,7 +49,7 @@ def _finish(
     """Apply rollout IS weights (detached) to the per-token loss, then aggregate."""
     if rollout_is_weights is not None:
         pg_losses = pg_losses * _valid_only(rollout_is_weights.detach(), response_mask)
-    return agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor=config_get(config, "loss_scale_factor"))
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, **batch_info_of(config))
 
 
 def _metrics(clipfrac: Any, ppo_kl: Any, clipfrac_lower: Any, **extra: Any) -> dict[str, float]:
@@ -164,8 +165,9 @@ def compute_policy_loss_sapo(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """SAPO: a soft sigmoid gate replaces the hard clip.
 
-    `gate = sigmoid(tau * (ratio - 1)) * 4 / tau`, tau = `policy_loss.tau_pos` (default 1.0) where
-    A > 0 else `policy_loss.tau_neg` (1.05); per-token loss `-gate * A`. At ratio 1 the gate is
+    `gate = sigmoid(tau * (ratio - 1)) * 4 / tau`, tau = `tau_pos` (default 1.0) where A > 0 else
+    `tau_neg` (1.05), read from `config.policy_loss`, else `config` (an `ActorConfig` holds the same
+    value at both places: upstream's `actor.tau_pos` and ours); per-token loss `-gate * A`. At ratio 1 the gate is
     2/tau with slope exactly 1 (same gradient as the unclipped objective on-policy).
     As upstream (and the SAPO paper), the loss is always aggregated `seq-mean-token-mean`; the
     `loss_agg_mode` argument is accepted and ignored.
@@ -411,7 +413,7 @@ def compute_policy_loss_geo_mean(
         seq_loss = seq_loss * torch.exp(verl_F.masked_sum(log_w, response_mask, axis=-1) / seq_len)
     # spread each sequence loss evenly over its tokens so agg_loss can take the (global) seq mean
     loss_mat = (seq_loss / seq_len).unsqueeze(-1).expand_as(log_prob)
-    pg_loss = agg_loss(loss_mat, response_mask, "seq-mean-token-sum")
+    pg_loss = agg_loss(loss_mat, response_mask, "seq-mean-token-sum", **batch_info_of(config))
     clipped = log_ratio.detach() != clamped.detach()
     clipfrac = verl_F.masked_mean((clipped & (advantages > 0)).float(), response_mask)
     clipfrac_lower = verl_F.masked_mean((clipped & (advantages < 0)).float(), response_mask)
@@ -679,14 +681,16 @@ def compute_value_loss(
     batch_num_tokens: int | torch.Tensor | None = None,
     global_batch_size: int | torch.Tensor | None = None,
     loss_scale_factor: float | None = None,
+    group_num_tokens: torch.Tensor | None = None,
+    global_num_groups: int | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss `max(0.5*(V-R)^2, 0.5*(clip(V, V_old-c, V_old+c)-R)^2)`, aggregated.
 
     Args (all [B, L]): vpreds (current values, requires grad), returns (targets R), values
         (V_old from the rollout), response_mask. cliprange_value: c (None disables clipping).
         dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: forwarded to `agg_loss`
-        (mini-batch-global denominators); when none is given the active `global_batch_info`
-        context supplies them, as for `agg_loss`.
+        (mini-batch-global denominators; without them the loss is this batch's own mean).
+        group_num_tokens, global_num_groups: the same for `prompt-mean` (not in upstream).
     Returns:
         vf_loss (0-d tensor) and vf_clipfrac (0-d detached tensor: share of tokens where the
         clipped term is the larger one).
@@ -705,6 +709,8 @@ def compute_value_loss(
         batch_num_tokens=batch_num_tokens,
         global_batch_size=global_batch_size,
         loss_scale_factor=loss_scale_factor,
+        group_num_tokens=group_num_tokens,
+        global_num_groups=global_num_groups,
     )
     vf_clipfrac = verl_F.masked_mean((losses2 > losses1).float(), response_mask).detach()
     return vf_loss, vf_clipfrac

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from verl.trainer.ppo.algos.normalization import _group_members
-from verl.trainer.ppo.core_algos import AdvantageEstimator, register_adv_est
+from verl.trainer.ppo.algos.registry import AdvantageEstimator, register_adv_est
 
 
 def _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights, who):

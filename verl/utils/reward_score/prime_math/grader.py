@@ -6,7 +6,8 @@ and its keywords follow upstream's ``prime_math.grader``).
 1. the normalised strings are equal, or
 2. both are numbers (``1,000``, ``50%``, ``3.0``, ``\\frac{1}{2}``) equal within a relative
    tolerance of 1e-4 (with `include_percentage`, ``50`` also matches ``0.5`` and ``5000``), or
-3. both are tuples / intervals / matrices of the same shape whose elements are pairwise equal, or
+3. both are tuples / intervals of the same brackets and length, or LaTeX matrices of the same
+   shape (any of the ``*matrix`` environments), whose elements are pairwise equal, or
 4. sympy proves ``prediction - reference == 0`` (also for equations ``a = b`` vs ``c = d`` up to a
    factor), within `timeout` seconds when `timeout` is true (SIGALRM, main thread only).
 
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 
 from .math_normalize import normalize_answer
 
-__all__ = ["math_equal", "to_number", "latex_to_sympy_text", "symbolic_equal"]
+__all__ = ["math_equal", "matrix_entries", "to_number", "latex_to_sympy_text", "symbolic_equal"]
 
 _SYMPY_SECONDS = 5.0
 
@@ -182,6 +183,22 @@ def _split_elements(text: str) -> tuple[str, str, list[str]] | None:
     return (s[0], s[-1], [p.strip() for p in parts]) if len(parts) > 1 else None
 
 
+_MATRIX = re.compile(r"^\\begin\{([pbvBV]?matrix)\}(.*)\\end\{\1\}$", re.S)
+
+
+def matrix_entries(text: str) -> list[list[str]] | None:
+    """Rows of entries of a LaTeX ``matrix`` / ``pmatrix`` / ``bmatrix`` / ``vmatrix`` /
+    ``Bmatrix`` / ``Vmatrix`` (rows split at ``\\\\``, entries at ``&``; the brackets do not
+    matter), else None."""
+    match = _MATRIX.match(str(text).strip())
+    if match is None:
+        return None
+    rows = [row.strip() for row in match.group(2).split("\\\\")]
+    while rows and not rows[-1]:
+        rows.pop()  # a trailing row break
+    return [[entry.strip() for entry in row.split("&")] for row in rows]
+
+
 def math_equal(
     prediction,
     reference,
@@ -200,6 +217,15 @@ def math_equal(
     if pv is not None and rv is not None:
         candidates = [rv, rv / 100.0, rv * 100.0] if include_percentage else [rv]
         return any(_close(pv, c) if is_close else pv == c for c in candidates)
+    pm, rm = matrix_entries(pred), matrix_entries(ref)
+    if pm is not None or rm is not None:
+        if pm is None or rm is None or [len(r) for r in pm] != [len(r) for r in rm]:
+            return False
+        return all(
+            math_equal(x, y, include_percentage, is_close, timeout, pi)
+            for prow, rrow in zip(pm, rm, strict=True)
+            for x, y in zip(prow, rrow, strict=True)
+        )
     pt, rt = _split_elements(pred), _split_elements(ref)
     if pt is not None and rt is not None:
         if (pt[0], pt[1]) != (rt[0], rt[1]) or len(pt[2]) != len(rt[2]):
