@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig, check_choice, check_range
+from verl.trainer.config.health import HealthConfig
 
 LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
 RESUME_MODES = ("auto", "disable", "resume_path")
@@ -62,6 +63,8 @@ class TrainerConfig(BaseConfig):
     - `seed`: seed of the driver's random generators and of the workers' sampling (worker r uses seed + r).
     - `peak_flops_per_worker`: peak FLOP/s of one worker for the MFU estimate (`perf/mfu/*`);
       null: a table of known GPUs, on CPU a short fp32 matmul measured at start.
+    - `health`: the training-health monitor (`health/*` metrics, warnings, `health.md`; ours,
+      docs/health.md).
     """
 
     device: str = "auto"
@@ -97,6 +100,7 @@ class TrainerConfig(BaseConfig):
     peak_flops_per_worker: float | None = None
     plot: bool = True
     seed: int = 1
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     def __post_init__(self):
         owner = "trainer"

@@ -118,6 +118,10 @@ class TrainerCallback:
 
     def on_fit_end(self, trainer: RayPPOTrainer) -> None: ...
 
+    def stop_requested(self) -> bool:
+        """True ends the run after the current step (validated and saved as a last step)."""
+        return False
+
     def state_dict(self) -> dict:
         return {}
 
@@ -197,6 +201,10 @@ class RayPPOTrainer:
         self.callbacks: list[TrainerCallback] = list(callbacks or [])
         for spec in self.cfg.trainer.callbacks:
             self.callbacks.append(load_object(str(spec), what="trainer.callbacks entry")())
+        if self.cfg.trainer.health.enable:  # last: the other callbacks keep their checkpoint positions
+            from verl.trainer.ppo.health_callback import HealthCallback
+
+            self.callbacks.append(HealthCallback(self.cfg.trainer.health, tokenizer))
 
         self.global_steps = 0
         self.epoch = 0
@@ -669,6 +677,7 @@ class RayPPOTrainer:
         metrics["perf/elapsed_s"] = time.monotonic() - self._t_start
         for cb in self.callbacks:
             cb.on_step_end(self, metrics)
+        ctx.is_last = ctx.is_last or any(cb.stop_requested() for cb in self.callbacks)
         if self.checkpointer.should_save(ctx.step, ctx.is_last):
             with ctx.timer("save_checkpoint"):
                 self._save_checkpoint(metrics)
