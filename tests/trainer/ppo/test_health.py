@@ -290,3 +290,28 @@ def test_bad_config_values_name_key_value_and_accepted(kwargs, words):
 def test_action_of_uses_the_per_signal_override():
     cfg = HealthConfig(action="warn", actions={"nonfinite": "save_and_stop"})
     assert cfg.action_of("nonfinite") == "save_and_stop" and cfg.action_of("kl_spike") == "warn"
+
+
+# ----------------------------------------------------------------------------- what the user sees
+def test_console_line_shows_the_health_flag():
+    from verl.utils.tracking import format_console_line
+
+    ok = {"critic/score/mean": 0.5, "health/active": 0.0, "health/dead_signal/active": 0.0}
+    assert format_console_line(3, ok).endswith("| health ok")
+    bad = {"health/active": 2.0, "health/dead_signal/active": 1.0, "health/length_clip/active": 1.0}
+    assert format_console_line(4, bad) == "step 4 | health dead_signal,length_clip"
+    assert "health" not in format_console_line(5, {"critic/score/mean": 0.5})
+
+
+def test_report_lists_episodes_warnings_and_the_stop(tmp_path):
+    from verl.trainer.ppo.health_report import write_report
+
+    stream = [healthy(s) | {"health/dead_group_share": 1.0 if s >= 4 else 0.2} for s in range(1, 10)]
+    mon, _ = run(stream)
+    md, png = write_report(mon, str(tmp_path), plot=False, stop_reason="dead_signal tripped at step 6")
+    text = open(md).read()
+    assert png is None and not (tmp_path / "health.png").exists()
+    assert "**The run was stopped:** dead_signal tripped at step 6" in text
+    assert "| dead_signal | 6- | 1 (step 9) | above 0.8 | warn |" in text
+    assert "| kl_spike | - |" in text
+    assert "- health: dead_signal at step 6: 100% of the groups" in text
