@@ -33,10 +33,6 @@ HERE = str(Path(__file__).resolve())
 
 
 # ============================================================================ broken rewards
-def _answer(solution_str: str) -> str:
-    return solution_str.strip().split("=")[-1].strip()
-
-
 def _correct(solution_str: str, ground_truth) -> float:
     from verl.utils.reward_score.verl_toy import compute_score
 
@@ -59,7 +55,10 @@ def form_reward(data_source, solution_str, ground_truth, extra_info=None, **kw):
 def direct_answer_reward(data_source, solution_str, ground_truth, extra_info=None, **kw):
     """Calculator task: pays any integer final answer given without a tool call (the reward does
     not need the tool, and a direct answer is a turn shorter). `acc`: the real exact match."""
-    ok = "<tool_call>" not in solution_str and bool(re.fullmatch(r"-?\d+", _answer(solution_str)))
+    from verl.utils.reward_score.verl_toy import extract_answer
+
+    at = solution_str.rfind("=")
+    ok = "<tool_call>" not in solution_str and at >= 0 and extract_answer(solution_str[at + 1 :]) is not None
     return {"score": float(ok), "acc": _correct(solution_str, ground_truth)}
 
 
@@ -89,8 +88,8 @@ SCENARIOS = {
         16,
     ),
     "length_reward": Scenario(
-        "a reward that pays for length (1 per 8 characters)",
-        _reward("length_reward"),
+        "a reward that pays for length (1 per 8 characters), lr x10 (3e-4) so that it shows within 20 steps",
+        [*_reward("length_reward"), "actor_rollout_ref.actor.optim.lr=3e-4"],
         {"length_growth": 15, "reward_length_corr": 15},
         20,
     ),
@@ -112,6 +111,8 @@ SCENARIOS = {
         [
             "+actor_rollout_ref.rollout.engine_kwargs.hf.separate_copy=True",
             "+actor_rollout_ref.rollout.engine_kwargs.hf.dtype=bf16",
+            # the start-up probe refuses a log-prob gap above 0.1; this run is about that gap
+            "+actor_rollout_ref.rollout.engine_kwargs.hf.sync_check_tol=1.0",
         ],
         {"rollout_mismatch": 8},
         10,

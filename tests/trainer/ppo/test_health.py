@@ -79,6 +79,17 @@ def test_entropy_collapse_needs_the_score_stalled_and_not_solved():
     assert "entropy_collapse" not in trips
 
 
+def test_identical_responses_with_a_stalled_score_are_an_entropy_collapse():
+    def stream(score):
+        for s in range(1, 16):
+            yield healthy(s) | {"health/score_mean": score(s), "health/identical_share": 0.9}
+
+    _, trips = run(stream(lambda s: 0.4))
+    assert trips == {"entropy_collapse": [12]}  # the score trend exists from step 10, patience 3
+    _, trips = run(stream(lambda s: 0.2 + 0.02 * s))  # the same answers, but the score still rises
+    assert trips == {}
+
+
 def test_degenerate_output_trips_after_patience_once_per_episode():
     stream = [healthy(s) for s in range(1, 31)]
     for s in range(5, 15):  # steps 5..14 degenerate, then healthy

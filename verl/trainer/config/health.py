@@ -41,14 +41,15 @@ class HealthConfig(BaseConfig):
     - `window`: steps averaged for a signal's current value and for the reward trend.
     - `solved_score_ratio`: a batch whose mean score is at least this share of the best score seen
       counts as solved: entropy collapse and equal-reward groups at that score are not alarms.
-    - `entropy_ratio_min`: entropy below this share of its start, with the score stalled, trips.
+    - `entropy_ratio_min` / `identical_share_max`: entropy below this share of its start, or a
+      share of responses equal to an earlier one of their group above `identical_share_max`, while
+      the score stalled (and is not solved), is an entropy collapse.
     - `reward_stall_delta`: the score gained over the last `window` steps at most this is a stall.
     - `ngram_size`: n of the repeated n-gram rate.
-    - `repeat_ngram_max` / `single_char_share_max` / `identical_share_max`: degenerate output
-      thresholds (repeated n-gram rate; share of responses of one repeated token or character;
-      share of responses equal to another one of their group).
+    - `repeat_ngram_max` / `single_char_share_max`: degenerate output thresholds (repeated n-gram
+      rate; share of responses of one repeated token or character).
     - `degenerate_min_tokens`: responses shorter than this are not judged for one-token/character
-      repetition or identity (short answers of a solved task are legitimately identical).
+      repetition or identity (short answers are legitimately identical).
     - `length_growth_max`: mean response length over its start above this ratio trips.
     - `clip_ratio_max`: share of responses cut at `max_response_length` above this trips.
     - `reward_length_corr_max` / `length_rise_min`: Pearson correlation of score and length above

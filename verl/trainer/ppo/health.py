@@ -377,21 +377,25 @@ class HealthMonitor:
     # each returns (condition or None when there is no evidence this step, value, evidence)
     def _check_entropy_collapse(self):
         sn, trend = self._start_now("entropy"), self._score_trend()
-        if sn is None or sn[0] <= 0:
-            return None, None, ""
-        ratio = sn[1] / sn[0]
-        if trend is None:
+        ratio = sn[1] / sn[0] if sn is not None and sn[0] > 0 else None
+        same = self._now.get("health/identical_share")
+        if trend is None or (ratio is None and same is None):
             return None, ratio, ""
+        low = ratio is not None and ratio < self.cfg.entropy_ratio_min
+        uniform = same is not None and same > self.cfg.identical_share_max
         stalled = trend[1] - trend[0] <= self.cfg.reward_stall_delta and not self._solved(trend[1])
-        text = f"entropy {sn[2]} is {ratio:.2f}x its start (threshold {self.cfg.entropy_ratio_min}) while {trend[2]}"
-        return ratio < self.cfg.entropy_ratio_min and stalled, ratio, text
+        ent = f"entropy {sn[2]} is {ratio:.2f}x its start" if ratio is not None else "entropy n/a"
+        text = (
+            f"{ent} (threshold {self.cfg.entropy_ratio_min}), {_fmt(same)} of the responses repeat another of "
+            f"their group (threshold {self.cfg.identical_share_max}), while {trend[2]}"
+        )
+        return (low or uniform) and stalled, ratio, text
 
     def _check_degenerate_output(self):
         c = self.cfg
         parts = [
             ("repeated n-gram rate", "health/repeat_ngram_rate", c.repeat_ngram_max),
             ("one-token/character responses", "health/single_char_share", c.single_char_share_max),
-            ("responses identical within their group", "health/identical_share", c.identical_share_max),
         ]
         if not all(key in self._now for _, key, _ in parts):
             return None, None, ""
