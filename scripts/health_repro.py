@@ -10,6 +10,7 @@ LoRA, PPO with a critic) for several seeds and lists every signal that tripped.
     python scripts/health_repro.py                       # every scenario
     python scripts/health_repro.py lr_x100 mismatch      # some of them
     python scripts/health_repro.py --false-alarms --seeds 1 2 3 [--steps N]
+    python scripts/health_repro.py --replay runs/verl/default/metrics.jsonl   # today's monitor, a past run
 
 This file is also the reward module of the reward scenarios
 (`custom_reward_function.path=scripts/health_repro.py custom_reward_function.name=...`).
@@ -162,6 +163,29 @@ def first_trips(metrics_path: Path) -> tuple[dict[str, int], int, list[float]]:
     return trips, last, shares
 
 
+def replay(metrics_path: Path, log) -> dict[str, int]:
+    """Run today's monitor (default `trainer.health`) over a finished run's `metrics.jsonl` (the
+    batch statistics are logged there); returns signal -> the step of each first trip."""
+    from verl.trainer.config.health import HealthConfig
+    from verl.trainer.ppo.health import HealthMonitor
+
+    mon = HealthMonitor(HealthConfig())
+    first: dict[str, int] = {}
+    for line in metrics_path.read_text().splitlines():
+        rec = json.loads(line)
+        step, data = int(rec["step"]), rec["data"]
+        if any(k.startswith("val-core/") for k in data):
+            mon.observe_validation(step, data)
+        if step == 0:
+            continue
+        _, trips = mon.observe(step, data)
+        for t in trips:
+            first.setdefault(t.signal, t.step)
+            log(f"  {t.message()}")
+    log(f"{metrics_path}: {mon.step} steps, tripped: {first or 'nothing'}")
+    return first
+
+
 def _median(values: list[float]) -> float:
     vals = sorted(values)
     return vals[len(vals) // 2] if vals else float("nan")
@@ -216,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--steps", type=int, default=None, help="--false-alarms: steps per run (default: the recipe's)")
     ap.add_argument("--out", default=None, help="where the runs go (default: a new temporary directory)")
+    ap.add_argument("--replay", nargs="+", metavar="METRICS_JSONL", help="re-run the monitor over finished runs")
     args = ap.parse_args(argv)
+    if args.replay:
+        for path in args.replay:
+            replay(Path(path), print)
+        return 0
     unknown = [n for n in args.scenarios if n not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenario(s) {unknown}; expected some of {sorted(SCENARIOS)}")

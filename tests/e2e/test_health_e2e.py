@@ -74,7 +74,7 @@ def test_bf16_rollout_beside_fp32_trainer_trips_rollout_mismatch(tmp_path):
 
 
 def test_the_healthy_default_job_trips_nothing(tmp_path):
-    rows = _run(tmp_path, "trainer.total_training_steps=40", "trainer.plot=True")
+    rows = _run(tmp_path, "trainer.total_training_steps=30", "trainer.plot=True")
     assert _tripped(rows) == {}
     assert rows[-1]["data"]["health/active"] == 0.0
     assert (tmp_path / "log" / "health.png").is_file()
