@@ -54,12 +54,12 @@ def form_reward(data_source, solution_str, ground_truth, extra_info=None, **kw):
 
 
 def direct_answer_reward(data_source, solution_str, ground_truth, extra_info=None, **kw):
-    """Calculator task: pays any integer final answer given without a tool call (the reward does
-    not need the tool, and a direct answer is a turn shorter). `acc`: the real exact match."""
-    from verl.utils.reward_score.verl_toy import extract_answer
-
-    at = solution_str.rfind("=")
-    ok = "<tool_call>" not in solution_str and at >= 0 and extract_answer(solution_str[at + 1 :]) is not None
+    """Calculator task: pays a final answer (after the last `=` or `~`) of the right number of
+    digits given without a tool call. A guess passes: the reward does not need the tool (and does
+    not pay for it). `acc`: the real exact match."""
+    cut = max(solution_str.rfind("="), solution_str.rfind("~"))
+    answer = solution_str[cut + 1 :].strip().split("<")[0].strip() if cut >= 0 else ""
+    ok = "<tool_call>" not in solution_str and answer.isdigit() and len(answer) == len(str(ground_truth).strip())
     return {"score": float(ok), "acc": _correct(solution_str, ground_truth)}
 
 
@@ -101,7 +101,8 @@ SCENARIOS = {
         25,
     ),
     "tool_shortcut": Scenario(
-        "the calculator task (agent loop) with a reward that does not need the tool",
+        "the calculator task (agent loop) with a reward that pays a direct answer of the right length "
+        "(a guess passes: the tool is not needed, and not paid)",
         [*_reward("direct_answer_reward"), "trainer.test_freq=5"],
         {"tool_call_collapse": 20},
         25,

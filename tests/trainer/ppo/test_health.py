@@ -36,7 +36,7 @@ def healthy(step: int) -> dict:
         "health/dead_group_share": 0.2,
         "actor/grad_norm": 1.0 + 0.1 * (step % 4),
         "actor/kl_loss": 0.01 + 0.001 * (step % 3),
-        "rollout_mismatch/kl_k3": 1e-5,
+        "rollout_mismatch/kl_k3": 1e-7,
         "actor/nonfinite_loss_skipped": 0.0,
         "actor/nonfinite_grad_skipped_steps": 0.0,
     }
@@ -160,9 +160,9 @@ def test_tool_call_collapse_while_the_reward_holds():
 
 
 def test_rollout_mismatch_median_over_the_window():
-    stream = [healthy(s) | {"rollout_mismatch/kl_k3": 1e-5 if s < 8 else 5e-3} for s in range(1, 16)]
+    stream = [healthy(s) | {"rollout_mismatch/kl_k3": 1e-7 if s < 8 else 5e-4} for s in range(1, 16)]
     _, trips = run(stream)
-    # window 5: the median passes 1e-3 when 3 of the last 5 are high (step 10); patience 3 -> 12
+    # window 5: the median passes 1e-5 when 3 of the last 5 are high (step 10); patience 3 -> 12
     assert trips == {"rollout_mismatch": [12]}
 
 

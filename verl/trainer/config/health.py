@@ -92,7 +92,7 @@ class HealthConfig(BaseConfig):
     val_stall_delta: float = 0.0
     tool_rate_drop_ratio: float = 0.3
     reward_hold_tolerance: float = 0.05
-    mismatch_kl_max: float = 1e-3
+    mismatch_kl_max: float = 1e-5
     spike_factor: float = 5.0
     spike_history: int = 20
     kl_spike_min: float = 1e-3
