@@ -91,7 +91,7 @@ SCENARIOS = {
     "length_reward": Scenario(
         "a reward that pays for length (1 per 8 characters), lr x10 (3e-4) so that it shows within 20 steps",
         [*_reward("length_reward"), "actor_rollout_ref.actor.optim.lr=3e-4"],
-        {"length_growth": 15, "reward_length_corr": 15},
+        {"reward_length_corr": 15},
         20,
     ),
     "form_reward": Scenario(

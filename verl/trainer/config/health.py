@@ -85,8 +85,8 @@ class HealthConfig(BaseConfig):
     degenerate_min_tokens: int = 8
     length_growth_max: float = 2.0
     clip_ratio_max: float = 0.2
-    reward_length_corr_max: float = 0.5
-    length_rise_min: float = 1.5
+    reward_length_corr_max: float = 0.8
+    length_rise_min: float = 1.1
     val_window: int = 2
     train_rise_min: float = 0.05
     val_stall_delta: float = 0.0
