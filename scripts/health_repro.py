@@ -215,10 +215,11 @@ def reproduce(names: list[str], root: Path, log) -> bool:
     return ok
 
 
-def false_alarms(seeds: list[int], steps: int | None, root: Path, log) -> bool:
+def false_alarms(labels: list[str], seeds: list[int], steps: int | None, root: Path, log) -> bool:
     """Run each shipped recipe per seed over its whole run (or `steps`); True when nothing tripped."""
     clean = True
-    for label, recipe in RECIPES.items():
+    for label in labels:
+        recipe = RECIPES[label]
         for seed in seeds:
             out = root / f"{label}_seed{seed}"
             out.mkdir(parents=True, exist_ok=True)
@@ -239,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("scenarios", nargs="*", help=f"some of {sorted(SCENARIOS)} (default: all)")
     ap.add_argument("--false-alarms", action="store_true", help="run the shipped recipes instead")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--recipes", nargs="+", choices=sorted(RECIPES), default=list(RECIPES), help="--false-alarms")
     ap.add_argument("--steps", type=int, default=None, help="--false-alarms: steps per run (default: the recipe's)")
     ap.add_argument("--out", default=None, help="where the runs go (default: a new temporary directory)")
     ap.add_argument("--replay", nargs="+", metavar="METRICS_JSONL", help="re-run the monitor over finished runs")
@@ -258,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     if args.false_alarms:
-        ok = false_alarms(args.seeds, args.steps, root, log)
+        ok = false_alarms(args.recipes, args.seeds, args.steps, root, log)
     else:
         ok = reproduce(args.scenarios or list(SCENARIOS), root, log)
     print("all detected as stated" if ok and not args.false_alarms else ("no false alarm" if ok else "FAILED"))

@@ -90,7 +90,7 @@ class HealthConfig(BaseConfig):
     val_window: int = 2
     train_rise_min: float = 0.05
     val_stall_delta: float = 0.0
-    tool_rate_drop_ratio: float = 0.3
+    tool_rate_drop_ratio: float = 0.5
     reward_hold_tolerance: float = 0.05
     mismatch_kl_max: float = 1e-5
     spike_factor: float = 5.0
