@@ -35,7 +35,7 @@ def healthy(step: int) -> dict:
         "health/reward_length_corr": 0.1,
         "health/dead_group_share": 0.2,
         "actor/grad_norm": 1.0 + 0.1 * (step % 4),
-        "actor/kl_loss": 0.01 + 0.001 * (step % 3),
+        "actor/kl_loss": 0.02 + 0.002 * (step % 3),
         "rollout_mismatch/kl_k3": 1e-7,
         "actor/nonfinite_loss_skipped": 0.0,
         "actor/nonfinite_grad_skipped_steps": 0.0,
@@ -175,10 +175,32 @@ def test_grad_norm_and_kl_spikes_trip_at_once():
 
 
 def test_kl_spike_ignores_tiny_values():
-    stream = [healthy(s) | {"actor/kl_loss": 1e-6} for s in range(1, 11)]
-    stream[8] = stream[8] | {"actor/kl_loss": 1e-4}  # 100x the median, but below kl_spike_min
+    stream = [healthy(s) | {"actor/kl_loss": 1e-6} for s in range(1, 13)]
+    stream[9] = stream[9] | {"actor/kl_loss": 1e-2}  # 10000x the median, but below kl_spike_min
     _, trips = run(stream)
     assert "kl_spike" not in trips
+
+
+def test_spikes_need_ten_values_of_history():
+    stream = [healthy(s) for s in range(1, 12)]
+    stream[9] = stream[9] | {"actor/grad_norm": 50.0}  # step 10: only 9 values before it
+    _, trips = run(stream)
+    assert "grad_norm_spike" not in trips
+
+
+def test_reward_length_corr_is_not_judged_while_the_tool_rate_rises():
+    def stream(tool_rate):
+        for s in range(1, 11):
+            yield healthy(s) | {
+                "health/reward_length_corr": 0.9,
+                "health/length_mean": 20.0 if s <= 3 else 40.0,
+                "agent/tool_call_rate": tool_rate(s),
+            }
+
+    _, trips = run(stream(lambda s: 0.3 if s <= 3 else 0.9))
+    assert "reward_length_corr" not in trips
+    _, trips = run(stream(lambda s: 0.3))
+    assert trips.get("reward_length_corr") == [6]
 
 
 def test_nonfinite_skips_and_nan_grad_norm():

@@ -62,8 +62,8 @@ class HealthConfig(BaseConfig):
     - `mismatch_kl_max`: rollout/trainer mismatch (`rollout_mismatch/kl_k3`, median over
       `window` steps) above this trips.
     - `spike_factor` / `spike_history`: a KL or grad-norm value above `spike_factor` times the
-      median of the previous `spike_history` values (at least 5 of them) trips.
-    - `kl_spike_min`: KL values below this never count as a spike.
+      median of the previous `spike_history` magnitudes (at least 10 of them) trips.
+    - `kl_spike_min`: KL values (magnitude) below this never count as a spike.
     - `dead_group_share_max`: share of groups whose rewards are all equal (below the solved score)
       above this trips.
     """
@@ -95,7 +95,7 @@ class HealthConfig(BaseConfig):
     mismatch_kl_max: float = 1e-5
     spike_factor: float = 5.0
     spike_history: int = 20
-    kl_spike_min: float = 1e-3
+    kl_spike_min: float = 0.05
     dead_group_share_max: float = 0.8
 
     def __post_init__(self):

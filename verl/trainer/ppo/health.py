@@ -277,6 +277,9 @@ def thresholds(cfg: HealthConfig) -> dict[str, tuple[float | None, str]]:
     }
 
 
+# values a spike is judged against, at least: the first steps of a run (a KL growing from 0, a
+# critic's first gradients) are its settling, not spikes
+SPIKE_MIN_HISTORY = 10
 # trip at once (no patience): a spike or a skip is an event, not a trend
 IMMEDIATE = ("kl_spike", "grad_norm_spike", "nonfinite")
 
@@ -419,9 +422,17 @@ class HealthMonitor:
         return clip > self.cfg.clip_ratio_max, clip, text
 
     def _check_reward_length_corr(self):
-        corr, sn = self._now.get("health/reward_length_corr"), self._start_now("length")
+        corr, sn, tools = (
+            self._now.get("health/reward_length_corr"),
+            self._start_now("length"),
+            self._start_now("tool_rate"),
+        )
         if corr is None or sn is None or sn[0] <= 0:
             return None, corr, ""
+        if tools is not None and tools[1] > tools[0]:
+            # agent loop: the responses that call the tool are the longer ones; while the tool-call
+            # rate rises, a score-length correlation is the tool paying off, not length paying
+            return False, corr, ""
         rising = sn[1] / sn[0] >= self.cfg.length_rise_min
         text = (
             f"score-length correlation {corr:.2f} (threshold {self.cfg.reward_length_corr_max}) while the mean "
@@ -474,10 +485,11 @@ class HealthMonitor:
 
     def _spike(self, name: str, floor: float) -> tuple[bool | None, float | None, str]:
         pts = self._values(name)
-        if name not in self._now or not math.isfinite(self._now[name]) or len(pts) < 6:
+        if name not in self._now or not math.isfinite(self._now[name]) or len(pts) <= SPIKE_MIN_HISTORY:
             return None, None, ""
-        hist = [v for _, v in pts[:-1][-self.cfg.spike_history :]]
-        med, cur = float(np.median(hist)), pts[-1][1]
+        # magnitudes: the k1 KL estimator is signed and noisy around 0
+        hist = [abs(v) for _, v in pts[:-1][-self.cfg.spike_history :]]
+        med, cur = float(np.median(hist)), abs(pts[-1][1])
         if med <= 0:
             return None, None, ""
         ratio = cur / med
