@@ -61,8 +61,9 @@ class HealthConfig(BaseConfig):
       start while the score is within `reward_hold_tolerance` of its start (or above) trips.
     - `mismatch_kl_max`: rollout/trainer mismatch (`rollout_mismatch/kl_k3`, median over
       `window` steps) above this trips.
-    - `spike_factor` / `spike_history`: a KL or grad-norm value above `spike_factor` times the
-      median of the previous `spike_history` magnitudes (at least 10 of them) trips.
+    - `spike_factor` / `spike_history`: a KL-loss or grad-norm value above `spike_factor` times the
+      median of the previous `spike_history` magnitudes trips (from the 11th value: the first ten are
+      the run settling, e.g. a KL growing from 0).
     - `kl_spike_min`: KL values (magnitude) below this never count as a spike.
     - `dead_group_share_max`: share of groups whose rewards are all equal (below the solved score)
       above this trips.
@@ -94,8 +95,8 @@ class HealthConfig(BaseConfig):
     reward_hold_tolerance: float = 0.05
     mismatch_kl_max: float = 1e-5
     spike_factor: float = 5.0
-    spike_history: int = 20
-    kl_spike_min: float = 0.05
+    spike_history: int = 5
+    kl_spike_min: float = 0.01
     dead_group_share_max: float = 0.8
 
     def __post_init__(self):

@@ -7,7 +7,7 @@ trips after holding `patience` consecutive steps and warns once per episode: the
 after `clear_after` healthy steps (hysteresis). The trainer glue is `health_callback.py`.
 
 Inputs are upstream's metric names: `actor/entropy`, `actor/grad_norm`, `actor/kl_loss`,
-`actor/reward_kl_penalty`, `critic/grad_norm`, `response_length/clip_ratio`,
+`critic/grad_norm`, `response_length/clip_ratio`,
 `rollout_mismatch/kl_k3`, `agent/tool_call_rate`, `actor/nonfinite_*`, `val-core/...`.
 """
 
@@ -239,7 +239,9 @@ INPUTS = {
     "clip_ratio": ("response_length/clip_ratio",),
     "tool_rate": ("agent/tool_call_rate",),
     "mismatch": ("rollout_mismatch/kl_k3",),
-    "kl": ("actor/kl_loss", "actor/reward_kl_penalty"),
+    # the KL loss (k3 / low_var_kl: non-negative, low variance); KL in reward is k1 by default,
+    # signed and noisy around 0, and spikes of it are noise
+    "kl": ("actor/kl_loss",),
     "grad_norm": ("actor/grad_norm",),
     "critic_grad_norm": ("critic/grad_norm",),
 }
