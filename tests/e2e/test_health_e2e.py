@@ -23,7 +23,6 @@ def _run(tmp_path, *overrides: str) -> list[dict]:
             f"trainer.default_local_dir={tmp_path}/ckpt",
             "trainer.logger=[console,file]",
             "trainer.save_freq=-1",
-            "trainer.plot=False",
             *overrides,
         ]
     )
@@ -50,6 +49,7 @@ def test_lr_x100_trips_dead_signal_and_stop_ends_the_run(tmp_path, caplog):
             "trainer.val_before_train=False",
             "trainer.test_freq=-1",
             "trainer.health.actions.dead_signal=stop",
+            "trainer.plot=False",
         )
     trips = _tripped(rows)
     # measured: the score is ~0 from step 2-3, so with patience 3 the trip comes by step 6
@@ -69,6 +69,7 @@ def test_bf16_rollout_beside_fp32_trainer_trips_rollout_mismatch(tmp_path):
         "trainer.total_training_steps=8",
         "trainer.val_before_train=False",
         "trainer.test_freq=-1",
+        "trainer.plot=False",
     )
     assert _tripped(rows).get("rollout_mismatch", 99) <= 8
 
