@@ -81,6 +81,13 @@ def format_console_line(step: int, data: dict[str, Any]) -> str:
                     parts.append(f"{label} {name} {_fmt(data[k])}")
         elif key in data:
             parts.append(f"{label} {_fmt(data[key])}")
+    if "health/active" in data:  # the health flag: ok, or the signals tripped now (docs/health.md)
+        active = sorted(
+            k.split("/")[1]
+            for k, v in data.items()
+            if k.startswith("health/") and k.endswith("/active") and k != "health/active" and v
+        )
+        parts.append(f"health {','.join(active) if active else 'ok'}")
     return " | ".join(parts)
 
 

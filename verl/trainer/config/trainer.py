@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig, check_choice, check_range
+from verl.trainer.config.health import HealthConfig
 from verl.trainer.config.trainer_v1 import TrainerV1Config
 
 LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
@@ -71,6 +72,8 @@ class TrainerConfig(BaseConfig):
       bound of asynchronous training (`verl/trainer/config/trainer_v1.py`, docs/async.md).
     - `peak_flops_per_worker`: peak FLOP/s of one worker for the MFU estimate (`perf/mfu/*`);
       null: a table of known GPUs, on CPU a short fp32 matmul measured at start.
+    - `health`: the training-health monitor (`health/*` metrics, warnings, `health.md`; ours,
+      docs/health.md).
     """
 
     device: str = "auto"
@@ -108,6 +111,7 @@ class TrainerConfig(BaseConfig):
     plot: bool = True
     seed: int = 1
     v1: TrainerV1Config = field(default_factory=TrainerV1Config)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     def __post_init__(self):
         owner = "trainer"

@@ -34,6 +34,10 @@ class TrainerCallback:
 
     def on_fit_end(self, trainer: Any) -> None: ...
 
+    def stop_requested(self) -> bool:
+        """True ends the run after the current step (validated and saved as a last step)."""
+        return False
+
     def state_dict(self) -> dict:
         return {}
 

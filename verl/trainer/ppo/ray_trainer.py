@@ -177,6 +177,10 @@ class RayPPOTrainer:
         self.callbacks: list[TrainerCallback] = list(callbacks or [])
         for spec in self.cfg.trainer.callbacks:
             self.callbacks.append(load_object(str(spec), what="trainer.callbacks entry")())
+        if self.cfg.trainer.health.enable:  # last: the other callbacks keep their checkpoint positions
+            from verl.trainer.ppo.health_callback import HealthCallback
+
+            self.callbacks.append(HealthCallback(self.cfg.trainer.health, tokenizer))
 
         self.global_steps = 0
         self.epoch = 0
@@ -662,6 +666,7 @@ class RayPPOTrainer:
         metrics["perf/elapsed_s"] = time.monotonic() - self._t_start
         for cb in self.callbacks:
             cb.on_step_end(self, metrics)
+        ctx.is_last = ctx.is_last or any(cb.stop_requested() for cb in self.callbacks)
         if self.checkpointer.should_save(ctx.step, ctx.is_last):
             with ctx.timer("save_checkpoint"):
                 self._save_checkpoint(metrics)
