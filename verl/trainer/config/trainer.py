@@ -60,6 +60,10 @@ class TrainerConfig(BaseConfig):
     - `max_actor_ckpt_to_keep` / `max_critic_ckpt_to_keep`: how many actor / critic checkpoints
       to keep (null: all); older ones are deleted after each save.
     - `seed`: seed of the driver's random generators and of the workers' sampling (worker r uses seed + r).
+    - `deterministic` (ours): the workers run torch's deterministic algorithms, so a run repeats bit
+      for bit at any thread count (docs/reproducibility.md); `false` is the nondeterministic
+      path (the CPU backward of repeated-index gathers adds with racing threads), no faster on
+      the measured jobs.
     - `peak_flops_per_worker`: peak FLOP/s of one worker for the MFU estimate (`perf/mfu/*`);
       null: a table of known GPUs, on CPU a short fp32 matmul measured at start.
     """
@@ -69,6 +73,7 @@ class TrainerConfig(BaseConfig):
     n_gpus_per_node: int = 1
     cpus_per_worker: float | None = None
     torch_threads_per_worker: int | None = None
+    deterministic: bool = True
     worker_backend: str = "auto"
     total_epochs: int = 2
     total_training_steps: int | None = None

@@ -233,14 +233,15 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
         """Create the resource pools and worker groups (colocated per pool) and build the models."""
-        seed, arr = self.cfg.trainer.seed, self.config.actor_rollout_ref
-        actor = dict(config=arr, role="actor_rollout", settings=WorkerSettings(seed, self.derived.actor))
+        seed, arr, det = self.cfg.trainer.seed, self.config.actor_rollout_ref, self.cfg.trainer.deterministic
+        actor = dict(config=arr, role="actor_rollout", settings=WorkerSettings(seed, self.derived.actor, det))
         roles = [(Role.ActorRollout, "actor_rollout", actor)]
         if self.use_critic:
-            critic = dict(config=self.config.critic, settings=WorkerSettings(seed, self.derived.critic))
+            critic = dict(config=self.config.critic, settings=WorkerSettings(seed, self.derived.critic, det))
             roles.append((Role.Critic, "critic", critic))
         if self.use_reference_policy and not self.ref_in_actor:
-            roles.append((Role.RefPolicy, "ref", dict(config=arr, role="ref", settings=WorkerSettings(seed))))
+            ref = dict(config=arr, role="ref", settings=WorkerSettings(seed, deterministic=det))
+            roles.append((Role.RefPolicy, "ref", ref))
         if self.use_rm:
             roles.append((Role.RewardModel, "rm", dict(config=self.config.reward_model)))
         self._worker_groups, all_wg = spawn_worker_groups(
