@@ -93,9 +93,10 @@ def _version(module: str) -> str | None:
 
 
 def environment(threads: int | None = None, device: str | None = None) -> dict[str, object]:
-    """What a run's numbers depend on besides its config and data: package versions, torch's
-    thread count (`threads`, default this process's), the device and the CPU/GPU model, whether
-    deterministic algorithms are on. Plain JSON types."""
+    """What a run's numbers depend on besides its config and data: package versions, the workers'
+    torch threads (`threads`: `trainer.torch_threads_per_worker`; None: derived from the CPUs,
+    so `cpu_count` is recorded too), the device (default: cuda when visible) and the CPU/GPU
+    model. Plain JSON types."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and torch.cuda.is_available():
@@ -107,10 +108,10 @@ def environment(threads: int | None = None, device: str | None = None) -> dict[s
         "transformers": _version("transformers"),
         "verl": _version("verl"),
         "python": platform.python_version(),
-        "torch_threads": int(threads if threads is not None else torch.get_num_threads()),
+        "torch_threads": threads,
+        "cpu_count": os.cpu_count(),
         "device": device,
         "hardware": hardware,
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
     }
 
 
@@ -126,7 +127,7 @@ def _cpu_model() -> str:
 
 
 # keys that change results when they differ (python's version does not touch the arithmetic)
-_RESULT_KEYS = ("torch", "transformers", "verl", "torch_threads", "device", "hardware")
+_RESULT_KEYS = ("torch", "transformers", "verl", "torch_threads", "cpu_count", "device", "hardware")
 
 
 def environment_differences(recorded: dict, current: dict) -> list[str]:

@@ -194,6 +194,9 @@ class RayPPOTrainer:
         algo = self.cfg.algorithm
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
 
+        # the run ends after this step as if it were the last (validated, saved) although the
+        # schedules still follow total_training_steps: `verl.trainer.replay` re-runs one step
+        self.stop_after_step: int | None = None
         self.callbacks: list[TrainerCallback] = list(callbacks or [])
         for spec in self.cfg.trainer.callbacks:
             self.callbacks.append(load_object(str(spec), what="trainer.callbacks entry")())
@@ -644,8 +647,10 @@ class RayPPOTrainer:
         is the last one (validated, saved)."""
         self.global_steps += 1
         budget = self.cfg.trainer.time_budget_s
-        is_last = self.global_steps >= self.total_training_steps or (
-            budget is not None and time.monotonic() - self._t_start >= budget
+        is_last = (
+            self.global_steps >= self.total_training_steps
+            or (budget is not None and time.monotonic() - self._t_start >= budget)
+            or (self.stop_after_step is not None and self.global_steps >= self.stop_after_step)
         )
         return StepContext(step=self.global_steps, is_last=is_last)
 
