@@ -15,7 +15,7 @@ are only read. Then:
   only the replay has is ignored (the replayed step is its run's last, and the last step is
   always validated).
 - weights: when `global_step_N` exists, the replay saves its own step N and every model and
-  optimizer file of `actor/` and `critic/` must be byte-identical (the scheduler/RNG files
+  optimizer file of `actor/` and `critic/` must hold the same tensors, bit for bit (the scheduler/RNG files
   `extra_state_*` and json metadata are not compared: validation at the replay's last step draws
   from the workers' generators after the update). Without it, the weights are not compared.
 
@@ -151,13 +151,52 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def _load(path: str):
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    return load_plain(path)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes (NaN payloads and the sign of zero count), for a bitwise comparison."""
+    return t.reshape(-1).contiguous().view(torch.uint8) if t.numel() else t.reshape(-1)
+
+
+def _equal(a, b) -> bool:
+    """Same structure, same tensors (dtype, shape, every bit), same plain values."""
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return (
+            torch.is_tensor(a)
+            and torch.is_tensor(b)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(_bits(a), _bits(b))
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return _same(a, b)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Equal contents: tensors compared bit for bit for `.pt` / `.safetensors` (torch.save's bytes
+    also depend on how tensors share storage, which a resumed run may lay out differently), other
+    files byte for byte."""
+    if a.endswith((".pt", ".safetensors")):
+        return _equal(_load(a), _load(b))
+    return _sha256(a) == _sha256(b)
+
+
 def compare_weights(saved_step: str, replayed_step: str) -> str:
     """ "equal (K files)" or "differ: <first differing or missing file>" (see the module docstring)."""
     saved, replayed = _weight_files(saved_step), set(_weight_files(replayed_step))
     for rel in saved:
         if rel not in replayed:
             return f"differ: {rel} is missing from the replay"
-        if _sha256(os.path.join(saved_step, rel)) != _sha256(os.path.join(replayed_step, rel)):
+        if not _same_file(os.path.join(saved_step, rel), os.path.join(replayed_step, rel)):
             return f"differ: {rel}"
     return f"equal ({len(saved)} files)"
 
