@@ -238,8 +238,6 @@ GLOSSARY = {
     "algorithm.gdpo_reward_weights": "GDPO: weights of those keys (null: equal)",
     "trainer.cpus_per_worker": "CPU share of one worker process; null: the node's CPUs shared out",
     "trainer.torch_threads_per_worker": "torch intra-op threads of a worker; null: its CPU share, at least 1",
-    "trainer.deterministic": "torch's deterministic algorithms in the workers: runs repeat bit for bit at any thread count "
-    "(docs/reproducibility.md); false: the nondeterministic kernels",
     "trainer.worker_backend": (
         "auto | ray | local: local runs a one-worker CPU job's worker inside the driver process (no Ray); "
         "auto picks it when nothing needs Ray"
