@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from verl.trainer.replay import compare_weights, replay
+from verl.trainer.replay import compare_weights, is_timing_metric, replay
 from verl.utils import embedded_default
 from verl.utils.checkpoint.integrity import write_manifest
 
@@ -55,7 +55,7 @@ class KillAfterSave(TrainerCallback):
 
 
 def comparable(step_metrics: dict) -> dict:
-    return {k: v for k, v in step_metrics.items() if not k.startswith(("timing_s/", "perf/")) and "timing" not in k}
+    return {k: v for k, v in step_metrics.items() if not is_timing_metric(k)}
 
 
 def read_metrics(log_dir: Path) -> dict[int, dict]:

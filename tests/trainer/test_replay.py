@@ -5,14 +5,15 @@ import math
 import pytest
 import torch
 
-from verl.trainer.replay import ReplayResult, compare_metrics, compare_weights, main
+from verl.trainer.replay import ReplayResult, compare_metrics, compare_weights, is_timing_metric, main
 from verl.utils.checkpoint.integrity import save_plain
 
 
 def test_compare_metrics_skips_timings_and_reports_the_first_difference_in_name_order():
-    logged = {"b/x": 1.0, "a/y": 2.0, "timing_s/gen": 3.0, "perf/mfu": 0.1, "c/nan": math.nan}
+    logged = {"b/x": 1.0, "a/y": 2.0, "timing_s/gen": 3.0, "perf/mfu": 0.1, "c/nan": math.nan, "agent/decode_s": 1.0}
     same = {"b/x": 1.0, "a/y": 2.0, "timing_s/gen": 9.0, "perf/mfu": 0.2, "c/nan": math.nan, "val/extra": 1.0}
     assert compare_metrics(logged, same) == (3, None)  # timings ignored, nan equals nan, extras ignored
+    assert is_timing_metric("agent/tool_latency_s/mean") and not is_timing_metric("agent/tool_calls/mean")
     assert compare_metrics(logged, {**same, "b/x": 1.0000001, "a/y": 2.5}) == (3, ("a/y", 2.0, 2.5))
     assert compare_metrics(logged, {"b/x": 1.0, "c/nan": math.nan}) == (3, ("a/y", 2.0, None))
 

@@ -9,15 +9,16 @@ as the run began) with the config recorded in the checkpoint (`run_record.json`)
 directory (`--work_dir`, default a temporary one, removed afterwards); the run's own directories
 are only read. Then:
 
-- metrics: every metric logged for step N except timings and throughput (`timing_s/*`, `perf/*`,
-  `*timing*`) must be equal, bit for bit. The reference is the metrics saved with `global_step_N`
-  when there is one, else the run's `metrics.jsonl` (the recorded `trainer.log_dir`). A metric
-  only the replay has is ignored (the replayed step is its run's last, and the last step is
-  always validated).
+- metrics: every metric logged for step N except wall-clock figures (`timing_s/*`, `perf/*`,
+  `*timing*`, seconds such as `agent/decode_s`: `is_timing_metric`) must be equal, bit for bit.
+  The reference is the metrics saved with `global_step_N` when there is one, else the run's
+  `metrics.jsonl` (the recorded `trainer.log_dir`). A metric only the replay has is ignored (the
+  replayed step is its run's last, and the last step is always validated).
 - weights: when `global_step_N` exists, the replay saves its own step N and every model and
-  optimizer file of `actor/` and `critic/` must hold the same tensors, bit for bit (the scheduler/RNG files
-  `extra_state_*` and json metadata are not compared: validation at the replay's last step draws
-  from the workers' generators after the update). Without it, the weights are not compared.
+  optimizer file of `actor/` and `critic/` must hold the same tensors, bit for bit (the
+  scheduler/RNG files `extra_state_*` and json metadata are not compared: validation at the
+  replay's last step draws from the workers' generators after the update). Without it, the
+  weights are not compared.
 
 It prints `match`, or the first metric that differs (logged vs replayed value and the difference),
 and exits 0 on a match, 1 on a difference. `--dump PATH` writes step N's batch with
@@ -52,7 +53,7 @@ from verl.trainer.ppo.checkpoint import RUN_RECORD_FILE, TRAINER_STATE_FILE, lis
 from verl.utils.checkpoint.integrity import load_plain
 from verl.utils.reproducibility import environment, environment_differences
 
-__all__ = ["ReplayResult", "replay", "compare_metrics", "compare_weights", "main"]
+__all__ = ["ReplayResult", "replay", "compare_metrics", "compare_weights", "is_timing_metric", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +109,14 @@ def _gap(a, b) -> str:
     return ""
 
 
+def is_timing_metric(name: str) -> bool:
+    """Wall-clock figures, which no two runs share: `timing_s/*`, `perf/*`, names with `timing`,
+    and seconds (a path component ending in `_s`: `agent/decode_s`, `agent/tool_latency_s/mean`)."""
+    return name.startswith(UNCOMPARED_PREFIXES) or "timing" in name or any(p.endswith("_s") for p in name.split("/"))
+
+
 def _compared(name: str) -> bool:
-    return not name.startswith(UNCOMPARED_PREFIXES) and "timing" not in name
+    return not is_timing_metric(name)
 
 
 def _same(a, b) -> bool:
