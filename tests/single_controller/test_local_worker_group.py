@@ -290,11 +290,14 @@ class DeterministicWorker(Worker):
 
 
 def test_the_workers_deterministic_algorithms_are_given_back_to_the_driver_at_close():
-    from verl.utils.reproducibility import current_determinism
+    from verl.utils.reproducibility import current_determinism, restore_determinism, set_deterministic
 
-    before = current_determinism()
-    assert not before.enabled
-    wg = LocalWorkerGroup(ResourcePool([1]), ClassWithInitArgs(DeterministicWorker))
-    assert wg.deterministic() == [True]
-    wg.kill_workers()
-    assert current_determinism() == before
+    original = set_deterministic(False)  # whatever an earlier test left, the driver starts with it off
+    try:
+        before = current_determinism()
+        wg = LocalWorkerGroup(ResourcePool([1]), ClassWithInitArgs(DeterministicWorker))
+        assert wg.deterministic() == [True]
+        wg.kill_workers()
+        assert current_determinism() == before and not before.enabled
+    finally:
+        restore_determinism(original)
