@@ -1,4 +1,4 @@
-"""verl.trainer.replay's comparisons (the end-to-end replays are in tests/e2e/test_reproducibility.py)."""
+"""verl.trainer.replay's comparisons (the end-to-end replays are in tests/e2e/test_e2e_reproducibility.py)."""
 
 import math
 
