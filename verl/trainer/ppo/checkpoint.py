@@ -295,7 +295,7 @@ def write_run_record(trainer: RayPPOTrainer, path: str) -> None:
         "format": 1,
         "step": trainer.global_steps,
         "config": OmegaConf.to_container(trainer.config, resolve=True),
-        "environment": environment(threads=tr.torch_threads_per_worker, device=trainer.device_name),
+        "environment": environment(threads=tr.torch_threads_per_worker, device=getattr(trainer, "device_name", None)),
     }
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=1, sort_keys=True, default=str)
