@@ -28,7 +28,7 @@ def one_step(run_dir: Path, *overrides: str) -> tuple[dict, list[dict]]:
             "trainer.test_freq=-1",
             "trainer.logger=[file]",
             "trainer.plot=False",
-            "trainer.torch_threads_per_worker=1",
+            "trainer.torch_threads_per_worker=2",
             "data.train_batch_size=4",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4",
             f"trainer.log_dir={run_dir}/log",

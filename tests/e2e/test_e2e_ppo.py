@@ -104,7 +104,7 @@ def base_overrides(assets, run_dir) -> list[str]:
         "critic.optim.lr=1e-3",
         f"custom_reward_function.path={assets['reward']}",
         "trainer.cpus_per_worker=1",
-        "trainer.torch_threads_per_worker=1",
+        "trainer.torch_threads_per_worker=2",
         "trainer.logger=[file]",
         f"trainer.log_dir={run_dir}/log",
         f"trainer.default_local_dir={run_dir}/ckpt",

@@ -116,7 +116,7 @@ FAST = [
     "trainer.plot=False",
     "data.train_batch_size=4",
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "trainer.torch_threads_per_worker=1",
+    "trainer.torch_threads_per_worker=2",
 ]
 
 

@@ -273,3 +273,31 @@ def test_execute_rank_zero_mode_on_all_to_all():
     wg = LocalWorkerGroup(ResourcePool([1]), ClassWithInitArgs(Adder))
     assert wg.add(2, 3) == 5
     wg.kill_workers()
+
+
+class DeterministicWorker(Worker):
+    """A worker that switches torch's deterministic algorithms on, as the trainer's workers do."""
+
+    def __init__(self):
+        super().__init__()
+        from verl.utils.reproducibility import set_deterministic
+
+        set_deterministic(True)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def deterministic(self):
+        return torch.are_deterministic_algorithms_enabled()
+
+
+def test_the_workers_deterministic_algorithms_are_given_back_to_the_driver_at_close():
+    from verl.utils.reproducibility import current_determinism, restore_determinism, set_deterministic
+
+    original = set_deterministic(False)  # whatever an earlier test left, the driver starts with it off
+    try:
+        before = current_determinism()
+        wg = LocalWorkerGroup(ResourcePool([1]), ClassWithInitArgs(DeterministicWorker))
+        assert wg.deterministic() == [True]
+        wg.kill_workers()
+        assert current_determinism() == before and not before.enabled
+    finally:
+        restore_determinism(original)

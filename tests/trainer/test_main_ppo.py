@@ -144,7 +144,7 @@ SMALL_RUN = [
     "trainer.test_freq=-1",
     "trainer.save_freq=-1",
     "trainer.logger=[file]",
-    "+trainer.torch_threads_per_worker=1",
+    "+trainer.torch_threads_per_worker=2",
 ]
 
 

@@ -309,7 +309,13 @@ def _init_ray(ray_init: dict) -> bool:
 
 class TaskRunner:
     """Builds everything the trainer needs from a validated config and runs it (upstream name;
-    here a plain object in the driver process)."""
+    here a plain object in the driver process).
+
+    `trainer_hook(trainer)`, when given, is called with the built trainer before its workers start
+    (`verl.trainer.replay` uses it to stop after one step and read that step's batch)."""
+
+    def __init__(self, trainer_hook=None):
+        self.trainer_hook = trainer_hook
 
     def run(self, config: DictConfig) -> dict[str, float]:
         from verl.trainer.ppo.ray_trainer import ResourcePoolManager
@@ -367,6 +373,8 @@ class TaskRunner:
             val_reward_fn=val_reward_fn,
             device_name=device,
         )
+        if getattr(self, "trainer_hook", None) is not None:
+            self.trainer_hook(trainer)
         try:
             trainer.init_workers()
             return trainer.fit()

@@ -72,10 +72,11 @@ from verl.utils.model import (
     resolve_model_path,
     torch_dtype_from_name,
 )
+from verl.utils.reproducibility import set_deterministic
 from verl.utils.tokenizer import hf_processor, hf_tokenizer
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
-from verl.workers.config.megatron import refuse_megatron
 from verl.workers.config.batch_plan import WorkerSettings, default_loss_scale_factor, role_batch_plan
+from verl.workers.config.megatron import refuse_megatron
 from verl.workers.engine.dp_engine import step_lr_scheduler
 from verl.workers.engine.fsdp_model import build_fsdp_model
 from verl.workers.separate_rollout import WeightSyncMixin
@@ -92,13 +93,21 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 # ---------------------------------------------------------------------------------------------
 
 
-def _setup_process(worker: Worker) -> str:
-    """User modules and the process group of a worker; returns the device name. (Torch threads
-    are set by `Worker.__init__` from the worker group's `VERL_WORKER_NUM_THREADS`.)"""
+def _setup_process(worker: Worker, deterministic: bool | None = None) -> str:
+    """User modules, torch's deterministic algorithms (`trainer.deterministic`; None: left as
+    they are) and the process group of a worker; returns the device name. (Torch threads are set
+    by `Worker.__init__` from the worker group's `VERL_WORKER_NUM_THREADS`.)"""
+    if deterministic is not None:
+        set_deterministic(deterministic)
     import_external_libs_from_env()
     if worker.world_size > 1:
         worker.init_process_group_if_needed()
     return get_device_name()
+
+
+def _deterministic(settings: WorkerSettings | None) -> bool:
+    """Deterministic kernels unless the trainer says otherwise (a worker built by hand: on)."""
+    return True if settings is None else settings.deterministic
 
 
 def _to_dataclass(section, cls):
@@ -224,7 +233,7 @@ class ActorRolloutRefWorker(Worker, _OffloadMixin, WeightSyncMixin):
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role={role!r}; expected one of {list(ROLES)}")
         self.role = role
-        self.device_name = _setup_process(self)
+        self.device_name = _setup_process(self, _deterministic(settings))
         self.config = config
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
@@ -652,7 +661,7 @@ class CriticWorker(Worker, _OffloadMixin):
 
     def __init__(self, config, settings: WorkerSettings | None = None, **kwargs):
         Worker.__init__(self)
-        self.device_name = _setup_process(self)
+        self.device_name = _setup_process(self, _deterministic(settings))
         self.config: CriticConfig = _to_dataclass(config, CriticConfig)
         import_external_libs(self.config.model.external_lib)
         _apply_batch_plan("critic", self.config, self.config.rollout_n, self.world_size, settings)

@@ -48,6 +48,8 @@ from verl.single_controller.base.colocation import colocated_worker_class, unwra
 from verl.single_controller.base.decorator import _padding_size_key, unpad_output
 from verl.single_controller.base.worker import NUM_THREADS_ENV, WorkerHelper
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
+from verl.utils.reproducibility import current_determinism as determinism_state
+from verl.utils.reproducibility import restore_determinism
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +108,7 @@ class _InProcessWorker:
         # what the worker sets in it stays its own (and out of the driver's)
         self.environ = {**os.environ, **env}
         self.driver_threads = torch.get_num_threads()
+        self.driver_determinism = determinism_state()
         import torch.distributed as dist
 
         self.had_process_group = dist.is_available() and dist.is_initialized()
@@ -163,7 +166,7 @@ class _InProcessWorker:
 
     def close(self) -> None:
         """Drop the worker, its process group and its event loop; give the process its torch
-        thread count back (the worker set its own)."""
+        thread count and deterministic-algorithms settings back (the worker set its own)."""
         self.instance = None
         if self.loop is not None:
             self.loop.close()
@@ -174,6 +177,7 @@ class _InProcessWorker:
             dist.destroy_process_group()
         if torch.get_num_threads() != self.driver_threads:
             torch.set_num_threads(self.driver_threads)
+        restore_determinism(self.driver_determinism)
         gc.collect()
 
 

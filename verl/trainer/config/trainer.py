@@ -70,6 +70,10 @@ class TrainerConfig(BaseConfig):
     - `seed`: seed of the driver's random generators and of the workers' sampling (worker r uses seed + r).
     - `v1`: upstream's trainer modes (`trainer_mode`: sync | separate_async) and the staleness
       bound of asynchronous training (`verl/trainer/config/trainer_v1.py`, docs/async.md).
+    - `deterministic` (ours): the workers run torch's deterministic algorithms, so a run repeats bit
+      for bit at any thread count (docs/reproducibility.md); `false` is the nondeterministic
+      path (the CPU backward of repeated-index gathers adds with racing threads), no faster on
+      the measured jobs.
     - `peak_flops_per_worker`: peak FLOP/s of one worker for the MFU estimate (`perf/mfu/*`);
       null: a table of known GPUs, on CPU a short fp32 matmul measured at start.
     - `health`: the training-health monitor (`health/*` metrics, warnings, `health.md`; ours,
@@ -82,6 +86,7 @@ class TrainerConfig(BaseConfig):
     cpus_per_worker: float | None = None
     placement_timeout_s: float = 120.0
     torch_threads_per_worker: int | None = None
+    deterministic: bool = True
     worker_backend: str = "auto"
     total_epochs: int = 2
     total_training_steps: int | None = None

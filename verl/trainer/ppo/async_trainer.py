@@ -91,9 +91,9 @@ class AsyncRayPPOTrainer(RayPPOTrainer):
 
     # ------------------------------------------------------------------ workers
     def _policy_roles(self) -> list[tuple[Role, str, dict]]:
-        seed, arr = self.cfg.trainer.seed, self.config.actor_rollout_ref
-        actor = dict(config=arr, role="actor", settings=WorkerSettings(seed, self.derived.actor))
-        rollout = dict(config=arr, role="rollout", settings=WorkerSettings(seed))
+        seed, arr, det = self.cfg.trainer.seed, self.config.actor_rollout_ref, self.cfg.trainer.deterministic
+        actor = dict(config=arr, role="actor", settings=WorkerSettings(seed, self.derived.actor, det))
+        rollout = dict(config=arr, role="rollout", settings=WorkerSettings(seed, deterministic=det))
         return [(Role.Actor, "actor_rollout", actor), (Role.Rollout, "rollout", rollout)]
 
     def init_workers(self) -> None:

@@ -9,6 +9,8 @@ Layout under `trainer.default_local_dir`::
         data.pt                          dataloader state (position in the epoch, sampler state)
         trainer_state.pt                 step counter, driver RNG states, KL controller, hook state,
                                          the step's metrics (re-logged on resume if the log lacks them)
+        run_record.json                  what `verl.trainer.replay` needs: the resolved config, the
+                                         versions, threads and device of the run
         manifest.json                    size and SHA-256 of every file (a part's own manifest covers
                                          its files), written last, before the rename
 
@@ -31,6 +33,7 @@ checkpoint and the tracker are untouched.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import random
@@ -54,6 +57,7 @@ from verl.utils.checkpoint.integrity import (
     write_manifest,
 )
 from verl.utils.fs import atomic_write_text, fsync_dir, fsync_tree
+from verl.utils.reproducibility import environment
 from verl.utils.tracking import to_jsonable
 
 logger = logging.getLogger(__name__)
@@ -62,6 +66,7 @@ TRACKER_FILE = "latest_checkpointed_iteration.txt"
 STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
 TMP_PREFIX = ".tmp_global_step_"
 TRAINER_STATE_FILE = "trainer_state.pt"
+RUN_RECORD_FILE = "run_record.json"
 
 
 def get_checkpoint_tracker_filename(root_path: str) -> str:
@@ -309,6 +314,31 @@ def restore_driver_rng(plain: dict) -> None:
     torch.set_rng_state(rng["torch"])
 
 
+def write_run_record(trainer: Any, path: str) -> None:
+    """`run_record.json` of a checkpoint: the step, the resolved config and the environment
+    (`verl.utils.reproducibility.environment`: versions, the workers' torch threads, the device)."""
+    from omegaconf import OmegaConf
+
+    tr = trainer.cfg.trainer
+    record = {
+        "format": 1,
+        "step": trainer.global_steps,
+        "config": OmegaConf.to_container(trainer.config, resolve=True),
+        "environment": environment(threads=tr.torch_threads_per_worker, device=getattr(trainer, "device_name", None)),
+    }
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=1, sort_keys=True, default=str)
+
+
+def read_run_record(step_path: str) -> dict | None:
+    """The `run_record.json` of a `global_step_N` directory, or None (written before records)."""
+    path = os.path.join(step_path, RUN_RECORD_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 def trainer_state(trainer: Any) -> dict:
     """The driver's state saved in `trainer_state.pt`: `global_steps`, `epoch`, `rng` (the
     driver's generators), `kl_ctrl_value` (adaptive KL in reward) and `callbacks` (each hook's
@@ -391,6 +421,7 @@ class TrainerCheckpointer:
             if t.use_critic:
                 t.critic_wg.save_checkpoint(os.path.join(tmp, "critic"), None, t.global_steps, max_ckpt_to_keep=None)
             save_plain(t.train_dataloader.state_dict(), os.path.join(tmp, "data.pt"), "dataloader state")
+            write_run_record(t, os.path.join(tmp, RUN_RECORD_FILE))
             state = t.state_dict()
             state["step_metrics"] = {k: to_jsonable(v) for k, v in (metrics or {}).items()}
             save_plain(state, os.path.join(tmp, TRAINER_STATE_FILE), "trainer state")

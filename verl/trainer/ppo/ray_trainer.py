@@ -174,6 +174,9 @@ class RayPPOTrainer:
         algo = self.cfg.algorithm
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
 
+        # the run ends after this step as if it were the last (validated, saved) although the
+        # schedules still follow total_training_steps: `verl.trainer.replay` re-runs one step
+        self.stop_after_step: int | None = None
         self.callbacks: list[TrainerCallback] = list(callbacks or [])
         for spec in self.cfg.trainer.callbacks:
             self.callbacks.append(load_object(str(spec), what="trainer.callbacks entry")())
@@ -217,13 +220,14 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
         """Create the resource pools and worker groups (colocated per pool) and build the models."""
-        seed, arr = self.cfg.trainer.seed, self.config.actor_rollout_ref
+        seed, arr, det = self.cfg.trainer.seed, self.config.actor_rollout_ref, self.cfg.trainer.deterministic
         roles = self._policy_roles()
         if self.use_critic:
-            critic = dict(config=self.config.critic, settings=WorkerSettings(seed, self.derived.critic))
+            critic = dict(config=self.config.critic, settings=WorkerSettings(seed, self.derived.critic, det))
             roles.append((Role.Critic, "critic", critic))
         if self.use_reference_policy and not self.ref_in_actor:
-            roles.append((Role.RefPolicy, "ref", dict(config=arr, role="ref", settings=WorkerSettings(seed))))
+            ref = dict(config=arr, role="ref", settings=WorkerSettings(seed, deterministic=det))
+            roles.append((Role.RefPolicy, "ref", ref))
         if self.use_rm:
             roles.append((Role.RewardModel, "rm", dict(config=self.config.reward_model)))
         self._worker_groups, all_wg = spawn_worker_groups(
@@ -253,8 +257,8 @@ class RayPPOTrainer:
     def _policy_roles(self) -> list[tuple[Role, str, dict]]:
         """(role, name, worker init kwargs) of the policy workers: one colocated actor + rollout
         (+ reference) role here; the worker group named `actor_rollout` trains."""
-        seed, arr = self.cfg.trainer.seed, self.config.actor_rollout_ref
-        actor = dict(config=arr, role="actor_rollout", settings=WorkerSettings(seed, self.derived.actor))
+        seed, arr, det = self.cfg.trainer.seed, self.config.actor_rollout_ref, self.cfg.trainer.deterministic
+        actor = dict(config=arr, role="actor_rollout", settings=WorkerSettings(seed, self.derived.actor, det))
         return [(Role.ActorRollout, "actor_rollout", actor)]
 
     @property
@@ -640,8 +644,10 @@ class RayPPOTrainer:
         is the last one (validated, saved)."""
         self.global_steps += 1
         budget = self.cfg.trainer.time_budget_s
-        is_last = self.global_steps >= self.total_training_steps or (
-            budget is not None and time.monotonic() - self._t_start >= budget
+        is_last = (
+            self.global_steps >= self.total_training_steps
+            or (budget is not None and time.monotonic() - self._t_start >= budget)
+            or (self.stop_after_step is not None and self.global_steps >= self.stop_after_step)
         )
         return StepContext(step=self.global_steps, is_last=is_last)
 

@@ -117,8 +117,10 @@ class WorkerSettings:
     """What the trainer hands a worker besides its config section.
 
     `seed`: the base of the worker's sampling stream (rank r uses `seed + r`; `trainer.seed`);
-    `batch_plan`: the role's batch plan (the worker checks it against its own world size).
+    `batch_plan`: the role's batch plan (the worker checks it against its own world size);
+    `deterministic`: torch's deterministic algorithms in the worker (`trainer.deterministic`).
     """
 
     seed: int
     batch_plan: RoleBatchPlan | None = None
+    deterministic: bool = True
