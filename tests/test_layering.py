@@ -26,7 +26,8 @@ LAYER_OF_PREFIX: list[tuple[str, str]] = [
     ("verl.dataproto", "data"),  # DataProtoFuture, BatchData and row helpers, re-exported by verl.protocol
     ("verl.single_controller", "controller"),
     ("verl.workers.fsdp_workers", "workers"),
-    ("verl.workers.separate_rollout", "workers"),  # the policy worker's weight-sync endpoints
+    ("verl.workers.separate_rollout", "workers"),
+    ("verl.workers.worker_common", "workers"),  # helpers shared by the worker classes  # the policy worker's weight-sync endpoints
     ("verl.checkpoint_engine", "engines"),  # weight transfer to rollout workers of their own
     ("verl.workers", "engines"),
     ("verl.experimental.agent_loop", "engines"),

@@ -65,7 +65,7 @@ class PolicyLossConfig(BaseConfig):
 class ActorConfig(BaseConfig):
     """The policy being trained. Loss = policy loss - entropy_coeff * entropy + kl_loss_coef * KL."""
 
-    # upstream's set: the worker rewrites the batch sizes per rank (fsdp_workers._apply_batch_plan)
+    # upstream's set: the worker rewrites the batch sizes per rank (worker_common._apply_batch_plan)
     _mutable_fields = BaseConfig._mutable_fields | {
         "ppo_mini_batch_size",
         "ppo_micro_batch_size",

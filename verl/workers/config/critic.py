@@ -22,7 +22,7 @@ class CriticConfig(BaseConfig):
     `enable: null` = on exactly when the advantage estimator needs a critic.
     """
 
-    # upstream's set: the worker rewrites the batch sizes per rank (fsdp_workers._apply_batch_plan)
+    # upstream's set: the worker rewrites the batch sizes per rank (worker_common._apply_batch_plan)
     _mutable_fields = BaseConfig._mutable_fields | {
         "ppo_micro_batch_size_per_gpu",
         "ppo_mini_batch_size",
