@@ -28,7 +28,9 @@ CMD=$("$PY" "$HERE/scripts/build_embedded_default.py" --write_init "$OUT/sft" --
 printf '"${PYTHON:-python}" -m verl.trainer.sft_trainer %s "$@"\n' "${CMD#python -m verl.trainer.sft_trainer }" \
     > "$OUT/sft_command.sh"
 # shellcheck disable=SC2086  # SFT_ARGS: space-separated overrides
-PYTHON="$PY" bash "$OUT/sft_command.sh" ${SFT_INIT:+"model.path=$SFT_INIT"} ${SFT_ARGS:-}
+# hf_model: the checkpoint's huggingface/ holds the weights too (the RL step loads it as its model)
+PYTHON="$PY" bash "$OUT/sft_command.sh" ${SFT_INIT:+"model.path=$SFT_INIT"} \
+    'checkpoint.save_contents=[model,optimizer,extra,hf_model]' ${SFT_ARGS:-}
 SFT_MODEL="$OUT/sft/sft_ckpt/global_step_${SFT_STEPS}/huggingface"
 
 # 2. RL: the embedded default's GRPO settings on the warmed-up model; validation at the last step
@@ -47,6 +49,7 @@ SFT_MODEL="$OUT/sft/sft_ckpt/global_step_${SFT_STEPS}/huggingface"
     trainer.total_training_steps="$RL_STEPS" trainer.test_freq="$RL_STEPS" trainer.save_freq="$RL_STEPS" \
     trainer.val_before_train=False \
     trainer.default_local_dir="$OUT/rl" trainer.logger='[console,file]' \
+    'actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]' \
     "$@"
 RL_MODEL="$OUT/rl/global_step_${RL_STEPS}/actor/huggingface"
 

@@ -27,7 +27,10 @@ LAYER_OF_PREFIX: list[tuple[str, str]] = [
     ("verl.single_controller", "controller"),
     ("verl.workers.fsdp_workers", "workers"),
     ("verl.workers.separate_rollout", "workers"),
-    ("verl.workers.worker_common", "workers"),  # helpers shared by the worker classes  # the policy worker's weight-sync endpoints
+    (
+        "verl.workers.worker_common",
+        "workers",
+    ),  # helpers shared by the worker classes  # the policy worker's weight-sync endpoints
     ("verl.checkpoint_engine", "engines"),  # weight transfer to rollout workers of their own
     ("verl.workers", "engines"),
     ("verl.experimental.agent_loop", "engines"),

@@ -15,7 +15,6 @@ import time
 import pytest
 import test_e2e_ppo
 import torch
-from safetensors.torch import load_file
 from test_e2e_ppo import MACHINE, _same_numbers, base_overrides
 
 from verl.trainer.main_ppo import load_default_config, run_ppo
@@ -57,7 +56,9 @@ def run_cfg(cfg, run_dir) -> dict[int, dict]:
 
 
 def final_weights(run_dir) -> dict[str, torch.Tensor]:
-    return load_file(os.path.join(run_dir, "ckpt", f"global_step_{STEPS}", "actor", "huggingface", "model.safetensors"))
+    from verl.utils.checkpoint.dcp_shards import iter_full_tensors
+
+    return dict(iter_full_tensors(os.path.join(run_dir, "ckpt", f"global_step_{STEPS}", "actor", "dcp")))
 
 
 def without(metrics: dict[int, dict], prefixes) -> dict[int, dict]:

@@ -75,9 +75,10 @@ def process_group():
 
 
 def _weights(path):
-    from safetensors.torch import load_file
+    """The model weights of a checkpoint step: its DCP shards (`dcp/`), read back whole."""
+    from verl.utils.checkpoint.dcp_shards import iter_full_tensors
 
-    return load_file(os.path.join(path, "huggingface", "model.safetensors"))
+    return dict(iter_full_tensors(os.path.join(path, "dcp")))
 
 
 def _run(cfg, stop_at=None, chunk_tokens=None):
@@ -407,7 +408,7 @@ def test_upstream_sft_script_runs_under_torchrun_and_megatron_is_named(tmp_path,
     proc = _torchrun(1, [*UPSTREAM_SFT_SCRIPTS["gsm8k/run_qwen2_5_0_5b_fsdp.sh"], *local])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(_losses(proc.stdout)) == [1, 2] and "val_loss" in proc.stdout
-    assert (tmp_path / "out" / "global_step_2" / "huggingface" / "model.safetensors").exists()
+    assert (tmp_path / "out" / "global_step_2" / "dcp" / ".metadata").exists()
     megatron = subprocess.run(
         [sys.executable, "-m", "verl.trainer.sft_trainer", "engine=megatron", "optim=megatron", *local],
         capture_output=True,

@@ -383,6 +383,7 @@ def test_model_loading_keeps_the_per_rank_sampling_stream(tiny):
 def test_ref_and_reward_model_param_offload_wraps_their_passes(tiny, tmp_path, monkeypatch):
     """Offload only acts on GPU; here the device is faked and the moves are recorded."""
     import verl.workers.fsdp_workers as fw
+    import verl.workers.worker_common as worker_common
 
     path, tok, _ = tiny
     rm_dir = str(tmp_path / "rm")
@@ -402,8 +403,8 @@ def test_ref_and_reward_model_param_offload_wraps_their_passes(tiny, tmp_path, m
     rm = fw.RewardModelWorker(config=cfg.reward_model)
     rm.init_model()
     calls = []
-    monkeypatch.setattr(fw, "load_fsdp_model_to_gpu", lambda m: calls.append(("load", m)))
-    monkeypatch.setattr(fw, "offload_fsdp_model_to_cpu", lambda m: calls.append(("offload", m)))
+    monkeypatch.setattr(worker_common, "load_fsdp_model_to_gpu", lambda m: calls.append(("load", m)))
+    monkeypatch.setattr(worker_common, "offload_fsdp_model_to_cpu", lambda m: calls.append(("offload", m)))
     ref.device_name = rm.device_name = "cuda"
     from test_workers_common import RESPONSES, make_batch
 
@@ -460,12 +461,13 @@ def test_resident_offloads_again_when_the_body_raises(monkeypatch):
     import types
 
     import verl.workers.fsdp_workers as fw
+    import verl.workers.worker_common as worker_common
 
     calls = []
-    monkeypatch.setattr(fw, "load_fsdp_model_to_gpu", lambda m: calls.append(("load", m)))
-    monkeypatch.setattr(fw, "offload_fsdp_model_to_cpu", lambda m: calls.append(("offload", m)))
-    monkeypatch.setattr(fw, "offload_fsdp_optimizer", lambda o: calls.append(("offload_optim", o)))
-    monkeypatch.setattr(fw, "load_fsdp_optimizer", lambda o, device: calls.append(("load_optim", o)))
+    monkeypatch.setattr(worker_common, "load_fsdp_model_to_gpu", lambda m: calls.append(("load", m)))
+    monkeypatch.setattr(worker_common, "offload_fsdp_model_to_cpu", lambda m: calls.append(("offload", m)))
+    monkeypatch.setattr(worker_common, "offload_fsdp_optimizer", lambda o: calls.append(("offload_optim", o)))
+    monkeypatch.setattr(worker_common, "load_fsdp_optimizer", lambda o, device: calls.append(("load_optim", o)))
     monkeypatch.setattr(fw.torch.cuda, "current_device", lambda: 0)
     owner = fw._OffloadMixin()
     owner.device_name = "cuda"

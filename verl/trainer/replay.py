@@ -197,10 +197,30 @@ def _same_file(a: str, b: str) -> bool:
     return _sha256(a) == _sha256(b)
 
 
+def _same_dcp(a: str, b: str) -> bool:
+    """Two DCP shard directories hold the same tensors (every key, every bit), whatever world size
+    or file layout wrote them."""
+    from verl.utils.checkpoint.dcp_shards import iter_full_tensors, tensor_keys
+
+    if sorted(tensor_keys(a)) != sorted(tensor_keys(b)):
+        return False
+    pairs = zip(iter_full_tensors(a, prefix=""), iter_full_tensors(b, prefix=""), strict=True)
+    return all(ka == kb and _equal(ta, tb) for (ka, ta), (kb, tb) in pairs)
+
+
 def compare_weights(saved_step: str, replayed_step: str) -> str:
-    """ "equal (K files)" or "differ: <first differing or missing file>" (see the module docstring)."""
+    """ "equal (K files)" or "differ: <first differing or missing file>" (see the module docstring);
+    a DCP shard directory (`dcp/`) is compared as a whole, tensor by tensor."""
     saved, replayed = _weight_files(saved_step), set(_weight_files(replayed_step))
+    dcp_dirs = sorted({os.path.dirname(rel) for rel in saved if os.path.basename(os.path.dirname(rel)) == "dcp"})
+    for rel in dcp_dirs:
+        if not os.path.isdir(os.path.join(replayed_step, rel)):
+            return f"differ: {rel} is missing from the replay"
+        if not _same_dcp(os.path.join(saved_step, rel), os.path.join(replayed_step, rel)):
+            return f"differ: {rel}"
     for rel in saved:
+        if os.path.dirname(rel) in dcp_dirs:
+            continue
         if rel not in replayed:
             return f"differ: {rel} is missing from the replay"
         if not _same_file(os.path.join(saved_step, rel), os.path.join(replayed_step, rel)):

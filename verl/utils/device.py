@@ -161,3 +161,14 @@ def get_nccl_backend() -> str:
 def get_visible_devices_keyword() -> str:
     """Environment variable that restricts the devices a process sees."""
     return "CUDA_VISIBLE_DEVICES"
+
+
+def resolve_device(requested: str) -> str:
+    """`auto` -> cuda when torch sees a GPU, else cpu; `cuda` without a GPU raises."""
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu or auto")
+    return requested

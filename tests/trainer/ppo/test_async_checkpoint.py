@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from test_workers_common import build_tiny_llama
 
 from verl.trainer.ppo.checkpoint import (
@@ -49,8 +50,14 @@ def make_trainer(model_dir: str, root: str, async_save: bool = True):
     checkpoint = {"save_contents": ["model", "optimizer", "extra"], "async_save": async_save}
     manager = FSDPCheckpointManager(model, opt, checkpoint_config=checkpoint)
     trainer = SimpleNamespace(
+        config=OmegaConf.create({"trainer": {"default_local_dir": root}}),  # the run record's resolved config
         cfg=SimpleNamespace(
-            trainer=SimpleNamespace(default_local_dir=root, max_actor_ckpt_to_keep=None, max_critic_ckpt_to_keep=None),
+            trainer=SimpleNamespace(
+                default_local_dir=root,
+                max_actor_ckpt_to_keep=None,
+                max_critic_ckpt_to_keep=None,
+                torch_threads_per_worker=None,
+            ),
             actor=SimpleNamespace(checkpoint=checkpoint),
         ),
         use_critic=False,

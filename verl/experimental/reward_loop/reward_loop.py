@@ -28,7 +28,7 @@ from verl.experimental.reward_loop.components import load_components
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase, config_get
 from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER, get_reward_manager_cls
 from verl.protocol import DataProto
-from verl.trainer.config.reward import migrate_legacy_reward_keys
+from verl.workers.config.reward_keys import migrate_legacy_reward_keys
 
 logger = logging.getLogger(__name__)
 

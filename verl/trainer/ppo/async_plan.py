@@ -99,7 +99,7 @@ def plan_async(cfg: Any, v) -> AsyncPlan:
 
 def _checked_backend(ce, device: str) -> str:
     from verl.checkpoint_engine import resolve_backend
-    from verl.trainer.ppo.utils import resolve_device
+    from verl.utils.device import resolve_device
     from verl.utils.import_utils import import_external_libs
 
     if ce.custom_backend_module:

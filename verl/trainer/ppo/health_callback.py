@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from verl.trainer.config.health import HealthConfig
+from verl.trainer.ppo.callbacks import TrainerCallback
 from verl.trainer.ppo.health import HealthMonitor, Trip, batch_stats
 from verl.trainer.ppo.health_report import write_report
-from verl.trainer.ppo.ray_trainer import TrainerCallback
 
 logger = logging.getLogger(__name__)
 

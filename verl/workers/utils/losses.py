@@ -33,19 +33,22 @@ from verl.workers.engine.dp_engine import LossShare
 __all__ = ["ppo_loss", "sft_loss", "value_loss"]
 
 
-def sft_loss(config, model_output: dict[str, torch.Tensor], data, dp_group=None) -> tuple[torch.Tensor, dict]:
+def sft_loss(
+    config, model_output: dict[str, torch.Tensor], data, dp_group=None, *, batch_info: dict | None = None
+) -> tuple[torch.Tensor, dict]:
     """Supervised loss: the token mean of -log p over the trained tokens of the whole global batch.
 
     Args:
         config: unused (upstream's signature).
         model_output: `log_probs` [m, R] of the micro-batch (with gradient), 0 on padding.
         data: `response_mask` [m, R]: 1 on the tokens to train on (assistant tokens).
+        batch_info: the micro-batch's global denominators (see the module docstring).
     Returns:
         (loss, {"train/loss": LossShare}): the micro-batch's share of the global token mean
         (`agg_loss` token-mean under the engine's global batch info).
     """
     mask = data["response_mask"].to(model_output["log_probs"].dtype)
-    loss = core_algos.agg_loss(-model_output["log_probs"], mask, "token-mean")
+    loss = core_algos.agg_loss(-model_output["log_probs"], mask, "token-mean", **(batch_info or {}))
     return loss, {"train/loss": LossShare(loss.item())}
 
 
