@@ -32,7 +32,6 @@ from verl.trainer.config.reward import RewardConfig
 from verl.trainer.config.sections import SECTION_DATACLASSES  # noqa: F401 - re-exported (key listings)
 from verl.trainer.ppo.source_checks import _is_local_path, check_model_dirs, check_paths_exist
 from verl.utils.config import ConfigTypeError, omega_conf_to_dataclass
-from verl.utils.device import resolve_device  # noqa: F401 - re-exported (the trainer's callers)
 from verl.utils.py_functional import config_get
 from verl.workers.config import ActorConfig, CriticConfig, HFModelConfig, RefConfig, RewardModelConfig, RolloutConfig
 
@@ -170,6 +169,15 @@ def _sections(config: Any) -> dict:
     if isinstance(config, DictConfig):
         return config
     return OmegaConf.create(config)
+
+
+def resolve_device(requested: str) -> str:
+    """`auto` -> cuda when torch sees a GPU, else cpu; `cuda` without a GPU raises
+    (`verl.utils.device.resolve_device`, imported when called: the driver composes and checks its
+    config before torch loads)."""
+    from verl.utils.device import resolve_device as resolve
+
+    return resolve(requested)
 
 
 def _named_at_source(exc: Exception, cfg: Any) -> Exception:
