@@ -478,7 +478,9 @@ def test_trainer_seed_reaches_the_workers_sampling(assets, tmp_path, ray_session
 
 # metrics whose last bits differ between two runs of the same code on either backend (the order
 # of a reduction over threads); everything else must be equal
-NOISY = ("grad_norm", "rollout_mismatch/")
+# health/entropy_* come from the mean of the rollout log-probs, which (as rollout_mismatch/*) round
+# differently when generation runs in another process or backend
+NOISY = ("grad_norm", "rollout_mismatch/", "health/entropy")
 MACHINE = ("timing", "time", "throughput", "perf/", "memory", "rss")
 
 
