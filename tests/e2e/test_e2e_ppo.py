@@ -165,7 +165,13 @@ def test_grpo_with_kl_loss_custom_reward_checkpoint_and_plot(ray_session, assets
     assert out["val-core/e2e_toy/reward/mean@1"] == s2["val-core/e2e_toy/reward/mean@1"]
     ckpt = tmp_path / "ckpt"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
-    assert sorted(os.listdir(ckpt / "global_step_2")) == ["actor", "data.pt", "manifest.json", "trainer_state.pt"]
+    assert sorted(os.listdir(ckpt / "global_step_2")) == [
+        "actor",
+        "data.pt",
+        "manifest.json",
+        "run_record.json",
+        "trainer_state.pt",
+    ]
     png = tmp_path / "log" / "curves.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
 
