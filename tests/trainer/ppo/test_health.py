@@ -322,7 +322,9 @@ def test_bad_config_values_name_key_value_and_accepted(kwargs, words):
 
 def test_action_of_uses_the_per_signal_override():
     cfg = HealthConfig(action="warn", actions={"nonfinite": "save_and_stop"})
-    assert cfg.action_of("nonfinite") == "save_and_stop" and cfg.action_of("kl_spike") == "warn"
+    from verl.trainer.ppo.health import action_of
+
+    assert action_of(cfg, "nonfinite") == "save_and_stop" and action_of(cfg, "kl_spike") == "warn"
 
 
 # ----------------------------------------------------------------------------- what the user sees

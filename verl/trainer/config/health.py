@@ -126,7 +126,3 @@ class HealthConfig(BaseConfig):
             check_range(owner, key, getattr(self, key), low=1.0)
         for key in ("reward_hold_tolerance", "mismatch_kl_max", "kl_spike_min", "train_rise_min"):
             check_range(owner, key, getattr(self, key), low=0.0)
-
-    def action_of(self, signal: str) -> str:
-        """The action of `signal`: its entry in `actions`, else `action`."""
-        return self.actions.get(signal, self.action)

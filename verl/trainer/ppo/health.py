@@ -187,6 +187,11 @@ def batch_stats(
     return out
 
 
+def action_of(cfg: HealthConfig, signal: str) -> str:
+    """The action of `signal`: its entry in `trainer.health.actions`, else `trainer.health.action`."""
+    return cfg.actions.get(signal, cfg.action)
+
+
 # ============================================================================ the monitor
 @dataclass
 class Trip:
@@ -564,7 +569,7 @@ class HealthMonitor:
                 st.active = True
                 st.episodes.append([step, None])
                 since = f" (for {st.bad} steps)" if st.bad > 1 else ""
-                return Trip(name, step, evidence + since, self.cfg.action_of(name))
+                return Trip(name, step, evidence + since, action_of(self.cfg, name))
         else:
             st.good, st.bad = st.good + 1, 0
             if st.active and st.good >= to_clear:

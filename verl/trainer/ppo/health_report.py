@@ -7,7 +7,7 @@ import math
 import os
 
 from verl.trainer.config.health import HEALTH_SIGNALS
-from verl.trainer.ppo.health import REMEDIES, HealthMonitor, thresholds
+from verl.trainer.ppo.health import REMEDIES, HealthMonitor, action_of, thresholds
 
 
 def _episodes_text(monitor: HealthMonitor, name: str) -> str:
@@ -36,7 +36,7 @@ def write_markdown(monitor: HealthMonitor, path: str, stop_reason: str | None, p
         last = f"{hist[-1][1]:.4g} (step {hist[-1][0]})" if hist else "no data"
         t, side = thr[name]
         when = "see docs" if t is None else f"{side} {t:g}"
-        lines.append(f"| {name} | {_episodes_text(monitor, name)} | {last} | {when} | {monitor.cfg.action_of(name)} |")
+        lines.append(f"| {name} | {_episodes_text(monitor, name)} | {last} | {when} | {action_of(monitor.cfg, name)} |")
     lines += ["", "## Warnings", ""]
     lines += [f"- {t.message()}" for t in monitor.trips] or ["None."]
     if png:
