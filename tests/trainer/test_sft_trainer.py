@@ -169,7 +169,7 @@ def test_resume_is_exact(tmp_path, model_dir, data, process_group, total, half):
 
 @pytest.mark.slow
 def test_checkpoint_layout_loads_and_damage_falls_back(tmp_path, model_dir, data, process_group, caplog):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     out = tmp_path / "o"
     _run(
@@ -186,16 +186,18 @@ def test_checkpoint_layout_loads_and_damage_falls_back(tmp_path, model_dir, data
     step = out / "global_step_4"
     assert {p.name for p in step.iterdir()} >= {
         "huggingface",
-        "optim.pt",
+        "dcp",
         "extra_state_world_size_1_rank_0.pt",
         "data_0.pt",
         "trainer_state.pt",
         "manifest.json",
     }
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp")]
-    AutoModelForCausalLM.from_pretrained(step / "huggingface")
+    # huggingface/ holds config and tokenizer (the weights are the DCP shards; hf_model adds them)
+    AutoConfig.from_pretrained(step / "huggingface")
     AutoTokenizer.from_pretrained(step / "huggingface")
-    (step / "optim.pt").write_bytes(b"garbage")  # the newest checkpoint is damaged: resume uses step 2
+    shard = next((step / "dcp").glob("*.distcp"))
+    shard.write_bytes(b"garbage")  # the newest checkpoint is damaged: resume uses step 2
     trainer, losses = _run(
         compose(
             model_dir,
