@@ -121,9 +121,6 @@ class RewardConfig(BaseConfig):
 # the legacy spellings and their migration live below the workers (the reward loop uses them too)
 from verl.workers.config.reward_keys import (  # noqa: E402,F401 - re-exported
     LEGACY_REWARD_KEYS,
-    _get,
-    _is_set,
-    _set,
     migrate_legacy_reward_keys,
 )
 

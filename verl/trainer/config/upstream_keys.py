@@ -42,6 +42,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.config.reward import apply_reward_section, migrate_legacy_reward_keys
+from verl.workers.config.reward_keys import get_dotted, set_dotted
 
 logger = logging.getLogger(__name__)
 
@@ -324,22 +325,10 @@ def _leaves(node: Any, prefix: str = ""):
 
 
 def _get(tree: dict, dotted: str, default: Any = None) -> Any:
-    node = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
+    return get_dotted(tree, dotted, default)
 
 
-def _set(tree: dict, dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for part in parts[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[parts[-1]] = value
+_set = set_dotted
 
 
 def _pop(tree: dict, dotted: str) -> Any:

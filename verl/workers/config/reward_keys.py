@@ -29,7 +29,8 @@ LEGACY_REWARD_KEYS: tuple[tuple[str, str], ...] = (
 _MISSING = object()
 
 
-def _get(tree: dict, dotted: str, default: Any = _MISSING) -> Any:
+def get_dotted(tree: dict, dotted: str, default: Any = _MISSING) -> Any:
+    """`tree[a][b][c]` for `dotted` = "a.b.c", or `default` when a part is missing."""
     node = tree
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -38,7 +39,8 @@ def _get(tree: dict, dotted: str, default: Any = _MISSING) -> Any:
     return node
 
 
-def _set(tree: dict, dotted: str, value: Any) -> None:
+def set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    """Set `tree[a][b][c] = value` for `dotted` = "a.b.c", making the missing levels."""
     parts = dotted.split(".")
     node = tree
     for part in parts[:-1]:
@@ -70,15 +72,15 @@ def migrate_legacy_reward_keys(raw: dict, drop_legacy: bool = False) -> list[str
     reward = raw.setdefault("reward", {})
     moved: list[tuple[str, str]] = []
     for old, new in LEGACY_REWARD_KEYS:
-        value, current = _get(raw, old), _get(reward, new)
+        value, current = get_dotted(raw, old), get_dotted(reward, new)
         if not _is_set(value):
             continue
         if isinstance(value, dict) and isinstance(current, dict):
             value = {**current, **value}
         if value != current:
-            _set(reward, new, value)
+            set_dotted(reward, new, value)
             moved.append((old, f"reward.{new}"))
-    legacy_manager = _get(raw, "reward_model.reward_manager")
+    legacy_manager = get_dotted(raw, "reward_model.reward_manager")
     if _is_set(legacy_manager):
         current = dict(reward.get("reward_manager") or {})
         section = _manager_from_legacy(legacy_manager)
